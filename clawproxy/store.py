@@ -1,0 +1,310 @@
+"""The store: one SQLite database (WAL) under the data dir, with versioned migrations.
+
+Created with owner-only permissions (dir 0700, files 0600) and never wiped on start. JSON columns
+hold orjson-encoded text. ``Store`` is thread-safe (one connection guarded by a lock); async code
+calls it from a worker thread (the proxy's recorder owns one), never from the event loop.
+
+Tables
+- sessions     one row per OpenClaw session (id from the affinity header, Runtime line, ...)
+- turns        one row per recorded /v1/chat/completions call, with request, response, sampled
+               token ids and log-probs, timings, kind, trainable + reason, next state
+- judgments    final judge score and hint per turn;   votes: every vote behind it
+- train_steps  one row per optimizer step with its metrics;   trained_samples: which turns it used
+- checkpoints  published (or refused) weight versions;   events: gate failures, rollbacks, ...
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from clawproxy.errors import StoreError
+
+# Each entry migrates from version i to i+1. Append only; never edit a released migration.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sessions (
+        id            TEXT PRIMARY KEY,
+        source        TEXT NOT NULL,          -- header | prompt_cache_key | x-session-id | runtime | prefix | new
+        session_key   TEXT,                   -- OpenClaw's sessionKey (agent:main:main) when known
+        agent         TEXT,
+        compaction    INTEGER,                -- last seen :<compactionCount>
+        first_seen    REAL NOT NULL,
+        last_seen     REAL NOT NULL,
+        finalized_at  REAL                    -- set when idle longer than sessions.idle_timeout_s
+    );
+    CREATE TABLE turns (
+        id                    INTEGER PRIMARY KEY AUTOINCREMENT,
+        request_id            TEXT UNIQUE NOT NULL,
+        session_id            TEXT REFERENCES sessions(id) ON DELETE CASCADE,
+        turn_index            INTEGER,        -- order within the session
+        created_at            REAL NOT NULL,
+        path                  TEXT NOT NULL,
+        kind                  TEXT NOT NULL,  -- main | side | retry
+        side_kind             TEXT,           -- compaction | heartbeat | memory_flush | title | recall | probe | ...
+        status                TEXT NOT NULL,  -- ok | error | aborted
+        http_status           INTEGER,
+        error                 TEXT,
+        compaction            INTEGER,
+        model                 TEXT,
+        stream                INTEGER NOT NULL DEFAULT 0,
+        request_messages      TEXT,           -- JSON, exactly as sent (incl. transient context)
+        request_tools         TEXT,           -- JSON
+        request_params        TEXT,           -- JSON: sampling params and other body fields
+        body_hash             TEXT,           -- for retry detection
+        response_text         TEXT,
+        response_reasoning    TEXT,
+        response_tool_calls   TEXT,           -- JSON, reassembled from deltas
+        finish_reason         TEXT,
+        usage                 TEXT,           -- JSON
+        prompt_token_ids      TEXT,           -- JSON list[int], from the engine
+        completion_token_ids  TEXT,           -- JSON list[int], what was sampled
+        completion_logprobs   TEXT,           -- JSON list[float], behaviour log-probs
+        weight_version        INTEGER,        -- version at the first token
+        weight_versions       TEXT,           -- JSON list of versions seen during generation
+        ttft_ms               REAL,
+        total_ms              REAL,
+        next_state            TEXT,           -- JSON list of messages after this turn
+        next_state_role       TEXT,           -- user | tool
+        next_turn_id          INTEGER,
+        trainable             INTEGER NOT NULL DEFAULT 0,
+        reason                TEXT            -- why (not) trainable
+    );
+    CREATE INDEX turns_session ON turns(session_id, turn_index);
+    CREATE INDEX turns_trainable ON turns(trainable, kind);
+    CREATE TABLE judgments (
+        turn_id     INTEGER PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
+        score       INTEGER NOT NULL,        -- +1 / 0 / -1
+        hint        TEXT,
+        voter       TEXT NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    CREATE TABLE votes (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        turn_id     INTEGER NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
+        idx         INTEGER NOT NULL,
+        voter       TEXT NOT NULL,
+        raw         TEXT,
+        score       INTEGER,                 -- NULL: failed vote
+        hint        TEXT,
+        error       TEXT,
+        created_at  REAL NOT NULL,
+        UNIQUE(turn_id, idx)
+    );
+    CREATE TABLE train_steps (
+        id              INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at      REAL NOT NULL,
+        method          TEXT NOT NULL,
+        base_version    INTEGER,
+        new_version     INTEGER,             -- NULL if not published
+        status          TEXT NOT NULL,       -- published | gate_failed | error
+        metrics         TEXT                 -- JSON: loss, adv, clip frac, kl, grad norm, tok/s, skipped...
+    );
+    CREATE TABLE trained_samples (
+        turn_id   INTEGER NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
+        step_id   INTEGER NOT NULL REFERENCES train_steps(id) ON DELETE CASCADE,
+        PRIMARY KEY (turn_id, step_id)
+    );
+    CREATE TABLE checkpoints (
+        version       INTEGER PRIMARY KEY,
+        path          TEXT NOT NULL,
+        kind          TEXT NOT NULL,         -- full | lora
+        created_at    REAL NOT NULL,
+        step_id       INTEGER,
+        status        TEXT NOT NULL,         -- published | refused | deleted
+        gate          TEXT                   -- JSON gate report
+    );
+    CREATE TABLE events (
+        id     INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts     REAL NOT NULL,
+        kind   TEXT NOT NULL,                -- gate_failed | rollback | reload | trainer_error | ...
+        data   TEXT
+    );
+    """,
+]
+
+JSON_COLUMNS = {
+    "request_messages", "request_tools", "request_params", "response_tool_calls", "usage",
+    "prompt_token_ids", "completion_token_ids", "completion_logprobs", "weight_versions",
+    "next_state", "metrics", "gate", "data",
+}
+
+
+def dumps(value: Any) -> str | None:
+    if value is None:
+        return None
+    return orjson.dumps(value).decode()
+
+
+def loads(value: str | bytes | None) -> Any:
+    if value is None:
+        return None
+    return orjson.loads(value)
+
+
+def _row(cursor: sqlite3.Cursor, row: tuple) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (name, *_), value in zip(cursor.description, row, strict=True):
+        out[name] = loads(value) if name in JSON_COLUMNS and isinstance(value, str) else value
+    return out
+
+
+class Store:
+    """The SQLite store. Open with ``Store(path)``; it creates and migrates the database."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.path.parent, 0o700)
+            old_umask = os.umask(0o077)
+            try:
+                self._conn = sqlite3.connect(
+                    self.path, check_same_thread=False, timeout=30.0, isolation_level=None
+                )
+            finally:
+                os.umask(old_umask)
+            self._conn.row_factory = _row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn.execute("PRAGMA busy_timeout=30000")
+            self._migrate()
+            for suffix in ("", "-wal", "-shm"):
+                p = Path(str(self.path) + suffix)
+                if p.exists():
+                    os.chmod(p, 0o600)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open store {self.path}: {e}") from e
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._lock:
+            version = self._conn.execute("PRAGMA user_version").fetchone()["user_version"]
+            if version > len(MIGRATIONS):
+                raise StoreError(
+                    f"store {self.path} has schema v{version}, newer than this clawproxy "
+                    f"(v{len(MIGRATIONS)}); upgrade clawproxy."
+                )
+            for i in range(version, len(MIGRATIONS)):
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for stmt in _split_sql(MIGRATIONS[i]):
+                        self._conn.execute(stmt)
+                    self._conn.execute(f"PRAGMA user_version={i + 1}")
+                    self._conn.execute("COMMIT")
+                except Exception:
+                    self._conn.execute("ROLLBACK")
+                    raise
+
+    @property
+    def schema_version(self) -> int:
+        return self.query_one("PRAGMA user_version")["user_version"]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def execute(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._conn.execute(sql, params)
+
+    def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def query_one(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> dict[str, Any] | None:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchone()
+
+    # -- generic row helpers -----------------------------------------------------------------
+    def insert(self, table: str, values: dict[str, Any], *, or_ignore: bool = False) -> int:
+        cols = list(values)
+        vals = [dumps(values[c]) if c in JSON_COLUMNS else values[c] for c in cols]
+        verb = "INSERT OR IGNORE" if or_ignore else "INSERT"
+        sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        with self._lock:
+            return self._conn.execute(sql, vals).lastrowid
+
+    def update(self, table: str, key: str, key_value: Any, values: dict[str, Any]) -> None:
+        if not values:
+            return
+        cols = list(values)
+        vals = [dumps(values[c]) if c in JSON_COLUMNS else values[c] for c in cols]
+        sql = f"UPDATE {table} SET {', '.join(f'{c}=?' for c in cols)} WHERE {key}=?"
+        with self._lock:
+            self._conn.execute(sql, [*vals, key_value])
+
+    def log_event(self, kind: str, data: dict[str, Any] | None = None) -> None:
+        self.insert("events", {"ts": time.time(), "kind": kind, "data": data})
+
+    # -- reads used across components ----------------------------------------------------------
+    def get_turn(self, turn_id: int) -> dict[str, Any] | None:
+        return self.query_one("SELECT * FROM turns WHERE id=?", (turn_id,))
+
+    def session_turns(self, session_id: str) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT t.*, j.score AS judge_score, j.hint AS judge_hint FROM turns t "
+            "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id=? "
+            "ORDER BY t.turn_index, t.id",
+            (session_id,),
+        )
+
+    def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
+        sql = """
+            SELECT s.*,
+                   SUM(t.kind = 'main') AS main_turns,
+                   SUM(t.kind = 'side') AS side_turns,
+                   SUM(t.kind = 'retry') AS retry_turns,
+                   SUM(t.trainable) AS trainable_turns,
+                   AVG(j.score) AS mean_score,
+                   COUNT(j.turn_id) AS judged_turns
+            FROM sessions s
+            LEFT JOIN turns t ON t.session_id = s.id
+            LEFT JOIN judgments j ON j.turn_id = t.id
+            GROUP BY s.id ORDER BY s.last_seen DESC
+        """
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return self.query(sql)
+
+    def latest_weight_version(self) -> int:
+        row = self.query_one("SELECT MAX(version) AS v FROM checkpoints WHERE status='published'")
+        return int(row["v"]) if row and row["v"] is not None else 0
+
+    def delete_session(self, session_id: str) -> int:
+        with self.transaction() as conn:
+            n = conn.execute("DELETE FROM turns WHERE session_id=?", (session_id,)).rowcount
+            conn.execute("DELETE FROM sessions WHERE id=?", (session_id,))
+        return n
+
+    def delete_all(self) -> int:
+        with self.transaction() as conn:
+            n = conn.execute("DELETE FROM turns").rowcount
+            conn.execute("DELETE FROM sessions")
+        self.execute("VACUUM")
+        return n
+
+
+def _split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
