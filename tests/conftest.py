@@ -1,0 +1,55 @@
+"""Shared fixtures: real models, small enough for a 2-core CPU.
+
+- ``default_model_dir``: the bundled SmolLM2-135M-Instruct converted to safetensors once and cached
+  in ``$CLAWPROXY_MODEL_CACHE`` (default ``~/.cache/clawproxy/models``) across test runs.
+- ``tiny_model_dir``: a random-init 2-layer Llama with SmolLM2's tokenizer and chat template, for
+  tests where the weights' quality is not the point.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault(
+    "CLAWPROXY_MODEL_CACHE", str(Path.home() / ".cache" / "clawproxy" / "models")
+)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    from clawproxy.engine.model import resolve_model
+
+    return Path(resolve_model("default"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
