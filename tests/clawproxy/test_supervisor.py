@@ -1,0 +1,119 @@
+"""`clawproxy start` end to end: real processes, the tiny model, the official openai SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from clawproxy.store import Store
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); read its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == want:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} not ready in {timeout} s")
+
+
+@pytest.fixture
+def stack(tmp_path, tiny_model_dir):
+    port, engine_port = free_port(), free_port()
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clawproxy.cli", "start", "--model", str(tiny_model_dir),
+         "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
+         "--no-judge", "--no-train"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{engine_port}/health")
+        wait_http(f"http://127.0.0.1:{port}/v1/models")
+        yield proc, port, engine_port, data
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_start_serves_records_and_stops_cleanly(stack):
+    from openai import OpenAI
+
+    proc, port, engine_port, data = stack
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+    stream = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Say hi."}], stream=True,
+        max_tokens=8, extra_headers={"session_id": "s-sup:0"},
+    )
+    chunks = list(stream)
+    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    kids = children_of(proc.pid)
+    assert kids, "the engine runs as a child process"
+
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert not [k for k in kids if alive(k)], "no orphaned children"
+    turns = Store(data / "clawproxy.db").query("SELECT * FROM turns")
+    assert len(turns) == 1 and turns[0]["session_id"] == "s-sup"
+
+
+def test_engine_crash_gives_503_then_recovers(stack):
+    proc, port, engine_port, data = stack
+    (engine_pid,) = children_of(proc.pid)
+    os.kill(engine_pid, signal.SIGKILL)
+    time.sleep(0.5)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}',
+        headers={"content-type": "application/json"},
+    )
+    t0 = time.monotonic()
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("expected 503 while the engine restarts")
+    except urllib.error.HTTPError as e:
+        assert e.code == 503
+        assert b'"error"' in e.read()
+    assert time.monotonic() - t0 < 2, "answered at once, did not hang"
+    wait_http(f"http://127.0.0.1:{engine_port}/health")
+    wait_http(f"http://127.0.0.1:{port}/clawproxy/health")
+    time.sleep(1.0)  # the supervisor's readiness probe runs every 0.5 s
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
