@@ -129,6 +129,15 @@ MIGRATIONS: list[str] = [
         data   TEXT
     );
     """,
+    # v2 (trainer): turns the trainer looked at and will never train on, with the reason, so each is
+    # counted once in the skipped-by-reason metrics and not re-examined on every poll.
+    """
+    CREATE TABLE skipped_samples (
+        turn_id     INTEGER PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
+        reason      TEXT NOT NULL,           -- stale | score_0 | no_hint | truncated | degenerate | empty | missing_token_ids | too_long
+        created_at  REAL NOT NULL
+    );
+    """,
 ]
 
 JSON_COLUMNS = {

@@ -1,4 +1,10 @@
-"""Trainer configuration (one dataclass; see clawproxy.config for how it is loaded)."""
+"""Trainer configuration (one dataclass; see clawproxy.config for how it is loaded).
+
+Field names follow TRL's ``GRPOConfig`` where the meaning is the same (``epsilon_low``,
+``epsilon_high``, ``beta`` is called ``kl_coef`` here, ``max_grad_norm``), and TRL's self-distillation
+configs for the teacher (``teacher_model_kind`` base|live|ema is ``teacher`` base|current|ema here,
+``teacher_update_rate`` is ``ema_rate``).
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,84 @@ from dataclasses import dataclass, field
 
 from clawproxy.errors import ConfigError
 
+DEFAULT_CANARIES = [
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "List three colors.",
+]
+
+
+def _f(default, help_text: str):
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help_text})
+    return field(default=default, metadata={"help": help_text})
+
 
 @dataclass
 class TrainerConfig:
-    enabled: bool = field(default=True, metadata={"help": "Run the trainer under `clawproxy start`."})
-    method: str = field(
-        default="combined", metadata={"help": "'rl' (binary RL), 'opd' (distillation) or 'combined'."}
+    enabled: bool = _f(True, "Run the trainer under `clawproxy start`.")
+    method: str = _f("combined", "'rl' (binary RL), 'opd' (on-policy distillation) or 'combined'.")
+    batch_size: int = _f(4, "Useful samples per optimizer step (score-0 turns without a hint do not count).")
+    micro_batch_size: int = _f(
+        1, "Samples per forward/backward pass; gradients accumulate over the batch. 1 avoids padding on CPU."
     )
-    batch_size: int = field(default=4, metadata={"help": "Useful samples per optimizer step."})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
-    max_staleness: int = field(
-        default=4, metadata={"help": "Drop samples generated more than this many weight versions ago."}
+    learning_rate: float = _f(1e-5, "AdamW learning rate (LoRA usually wants ~1e-4).")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient norm clip (the pre-clip norm is logged and gated).")
+    max_staleness: int = _f(4, "Drop samples generated more than this many weight versions ago.")
+    max_seq_len: int = _f(4096, "Drop samples whose prompt + completion is longer than this (reason too_long).")
+    epsilon_low: float = _f(0.2, "PPO clip: the ratio to the behaviour policy is kept above 1 - epsilon_low.")
+    epsilon_high: float = _f(0.28, "PPO clip: the ratio is kept below 1 + epsilon_high (DAPO's clip-higher).")
+    kl_coef: float = _f(0.0, "Weight of the k3 KL penalty to the base model (0: off, no reference pass).")
+    w_rl: float = _f(1.0, "combined: weight of the judge score in the per-token advantage.")
+    w_opd: float = _f(1.0, "combined: weight of (teacher - student) log-prob in the per-token advantage.")
+    opd_clip: float = _f(
+        1.0, "Clip of the per-token teacher - student log-prob gap, so OPD and RL terms share a scale."
     )
-    keep_checkpoints: int = field(default=5, metadata={"help": "Published checkpoints kept on disk (K)."})
+    teacher: str = _f(
+        "current",
+        "OPD teacher weights: 'current' (the policy itself with the hint in context; no extra memory), "
+        "'base' (the frozen starting model) or 'ema' (an exponential average of the policy).",
+    )
+    ema_rate: float = _f(0.05, "teacher=ema: update rate per step (TRL's teacher_update_rate).")
+    finetune: str = _f("full", "'full' fine-tuning or 'lora' (PEFT adapter; checkpoints are adapters).")
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.0, "LoRA dropout.")
+    lora_target_modules: str = _f("all-linear", "PEFT target_modules ('all-linear' or comma-separated names).")
+    dtype: str = _f("float32", "Dtype the trainer loads weights in (bfloat16 on GPUs).")
+    gradient_checkpointing: bool = _f(False, "Trade compute for memory on long sequences.")
+    keep_checkpoints: int = _f(5, "Published checkpoints kept on disk (K); older dirs are deleted.")
+    poll_interval_s: float = _f(5.0, "Seconds between store polls while waiting for a batch.")
+    canary_prompts: list[str] = _f(DEFAULT_CANARIES, "Prompts the publish gate generates from.")
+    canary_max_tokens: int = _f(24, "Greedy tokens generated per canary prompt by the gate.")
+    gate_max_kl: float = _f(
+        0.5, "Gate: largest mean per-token KL(previous || new) on the canary continuations."
+    )
+    seed: int = _f(0, "Random seed (LoRA init, dropout).")
 
     def __post_init__(self) -> None:
         if self.method not in ("rl", "opd", "combined"):
             raise ConfigError(f"trainer.method={self.method!r}: use 'rl', 'opd' or 'combined'.")
         if self.batch_size < 1:
             raise ConfigError("trainer.batch_size must be >= 1.")
+        if self.micro_batch_size < 1:
+            raise ConfigError("trainer.micro_batch_size must be >= 1.")
+        if self.teacher not in ("current", "base", "ema"):
+            raise ConfigError(f"trainer.teacher={self.teacher!r}: use 'current', 'base' or 'ema'.")
+        if self.finetune not in ("full", "lora"):
+            raise ConfigError(f"trainer.finetune={self.finetune!r}: use 'full' or 'lora'.")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"trainer.dtype={self.dtype!r}: use float32, bfloat16 or float16.")
+        if not (0 <= self.epsilon_low < 1) or self.epsilon_high < 0:
+            raise ConfigError("trainer.epsilon_low must be in [0, 1) and epsilon_high >= 0 (0.2 / 0.28).")
+        if self.max_staleness < 0:
+            raise ConfigError("trainer.max_staleness must be >= 0.")
+        if self.keep_checkpoints < 1:
+            raise ConfigError("trainer.keep_checkpoints must be >= 1 (the current version stays on disk).")
+        if not (0 < self.ema_rate <= 1):
+            raise ConfigError("trainer.ema_rate must be in (0, 1].")
+        if self.learning_rate <= 0:
+            raise ConfigError("trainer.learning_rate must be > 0.")
+        if self.opd_clip <= 0:
+            raise ConfigError("trainer.opd_clip must be > 0.")
