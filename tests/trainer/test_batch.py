@@ -1,0 +1,147 @@
+"""Batch building: what is selected, what is skipped and why, and the OPD teacher's prompt."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from clawproxy.store import Store
+from tests.trainer.util import insert_turn
+from trainer.batch import (
+    OPENCLAW_CONTEXT_MARK,
+    add_hint,
+    is_degenerate,
+    record_skipped,
+    select_samples,
+    teacher_prompt_ids,
+)
+from trainer.config import TrainerConfig
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "clawproxy.db")
+    yield s
+    s.close()
+
+
+def _ids(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 5000) for _ in range(n)]
+
+
+def test_staleness_filter_drops_old_versions(store):
+    old = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 1), weight_version=5)
+    edge = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 2), weight_version=6)
+    new = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 3), weight_version=10)
+    sel = select_samples(store, TrainerConfig(max_staleness=4), current_version=10)
+    assert [s.turn_id for s in sel.samples] == [edge, new]
+    assert sel.skipped == {old: "stale"}
+
+
+def test_score_zero_never_fills_a_slot(store):
+    zero = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 1), score=0)
+    zero_hint = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 2), score=0, hint="Be brief.")
+    plus = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 3), score=1)
+    minus = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 4), score=-1)
+
+    rl = select_samples(store, TrainerConfig(method="rl"), 0)
+    assert [s.turn_id for s in rl.samples] == [plus, minus]
+    assert rl.skipped == {zero: "score_0", zero_hint: "score_0"}
+
+    # OPD: the hint is what matters; combined: a score or a hint.
+    opd = select_samples(store, TrainerConfig(method="opd"), 0)
+    assert [s.turn_id for s in opd.samples] == [zero_hint]
+    assert opd.skipped[plus] == "no_hint"
+    comb = select_samples(store, TrainerConfig(method="combined"), 0)
+    assert [s.turn_id for s in comb.samples] == [zero_hint, plus, minus]
+    assert comb.skipped == {zero: "score_0"}
+
+
+def test_reasons_for_bad_records_and_they_are_counted_once(store):
+    missing = insert_turn(store, prompt_ids=None, completion_ids=_ids(8))
+    mismatch = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), logps=[-1.0] * 3)
+    empty = insert_turn(store, prompt_ids=_ids(5), completion_ids=[])
+    trunc = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length")
+    loop = insert_turn(store, prompt_ids=_ids(5), completion_ids=[42, 43] * 20)
+    long = insert_turn(store, prompt_ids=_ids(60), completion_ids=_ids(50, 1))
+    unjudged = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=None)
+    side = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), trainable=0, kind="side")
+    good = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 9))
+
+    sel = select_samples(store, TrainerConfig(max_seq_len=100), 0)
+    assert [s.turn_id for s in sel.samples] == [good]
+    assert sel.skipped == {
+        missing: "missing_token_ids",
+        mismatch: "missing_token_ids",
+        empty: "empty",
+        trunc: "truncated",
+        loop: "degenerate",
+        long: "too_long",
+    }
+    assert unjudged not in sel.skipped and side not in sel.skipped
+    record_skipped(store, sel.skipped)
+    again = select_samples(store, TrainerConfig(max_seq_len=100), 0)
+    assert again.skipped == {} and [s.turn_id for s in again.samples] == [good]
+    sample = again.samples[0]
+    assert sample.behaviour_logps == [-1.0] * 8 and sample.score == 1
+
+
+def test_trained_samples_are_not_selected_again(store):
+    t = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8))
+    step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
+    store.insert("trained_samples", {"turn_id": t, "step_id": step})
+    assert select_samples(store, TrainerConfig(), 0).samples == []
+
+
+def test_repetition_detector(default_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    prose = tok.encode(
+        "The sea was calm that morning. Fishing boats left the harbour one by one, and the gulls "
+        "followed them out past the breakwater, where the water turned from green to a deep blue."
+    )
+    code = tok.encode("for i in range(10):\n    print(i)\n" + "x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
+    assert not is_degenerate(prose)
+    assert not is_degenerate(code)
+    assert is_degenerate(tok.encode("Sure! " + "I can help. " * 12))
+    assert is_degenerate(tok.encode("the " * 30))
+    assert not is_degenerate([1, 1, 1])  # too short to judge
+
+
+def test_hint_goes_to_last_real_user_message_not_openclaw_context():
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "Summarize the file."}]},
+        {"role": "user", "content": [{"type": "text", "text": OPENCLAW_CONTEXT_MARK + "\nActive exec sessions: none"}]},
+    ]
+    out = add_hint(messages, "Keep it under 40 words.")
+    assert out[3]["content"][0]["text"] == "Summarize the file.\n\n[User's hint: Keep it under 40 words.]"
+    assert out[4] == messages[4] and out[1] == messages[1]
+    assert messages[3]["content"][0]["text"] == "Summarize the file."  # input untouched
+
+
+def test_teacher_prompt_is_the_recorded_prompt_plus_hint(default_model_dir, store):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    insert_turn(store, prompt_ids=list(prompt), completion_ids=_ids(8), messages=messages, hint="Answer in one word.")
+    sample = select_samples(store, TrainerConfig(), 0).samples[0]
+    teacher = teacher_prompt_ids(tok, sample)
+    assert teacher is not None and len(teacher) > len(sample.prompt_ids)
+    text = tok.decode(teacher)
+    assert "[User's hint: Answer in one word.]" in text
+    # Same rendering apart from the hint: shared prefix and the same generation-prompt suffix.
+    hint_len = len(teacher) - len(sample.prompt_ids)
+    assert teacher[-5:] == sample.prompt_ids[-5:]
+    assert teacher[: len(sample.prompt_ids) - 8] == sample.prompt_ids[: len(sample.prompt_ids) - 8]
+    assert hint_len > 5
+    sample.hint = None
+    assert teacher_prompt_ids(tok, sample) is None

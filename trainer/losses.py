@@ -1,0 +1,175 @@
+"""The losses, as plain functions on padded tensors (batch B, completion length T).
+
+Read top to bottom: per-token log-probs -> advantages (binary RL, OPD, combined) -> the PPO-style
+clipped surrogate against the behaviour log-probs the engine recorded.
+
+TRL pieces used:
+- ``trl.trainer.utils.selective_log_softmax``: the memory-frugal ``log_softmax -> gather`` (and its
+  Triton kernel when available) for per-token log-probs.
+- ``trl.trainer.utils.pad``: left-pad prompts, right-pad completions, as GRPOTrainer batches them.
+- ``ppo_clipped_loss`` is the ``loss_type="dapo"``/``"bnpo"`` branch of ``GRPOTrainer._compute_loss``
+  (two-sided ``epsilon_low``/``epsilon_high`` clip, the k3 KL estimator, token-level normalization,
+  the low/high clip-ratio metrics). TRL keeps that code inside a trainer method that needs a whole
+  GRPOTrainer, so the few lines are restated here with per-token (B, T) advantages, which
+  GRPOTrainer also accepts.
+- OPD's per-token advantage is the sampled-token reverse-KL signal of TRL's self-distillation
+  trainers (``trl.experimental.sdpo.loss_utils.compute_sampled_token_self_distillation_loss``:
+  ``(student - teacher).detach() * student_logp``), used as an advantage inside the same clipped
+  surrogate so RL and OPD share one loss, one ratio and one staleness correction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from trl.trainer.utils import pad, selective_log_softmax
+
+
+@dataclass
+class TokenBatch:
+    """A micro-batch: prompts left-padded and completions right-padded (TRL's GRPO layout)."""
+
+    input_ids: torch.Tensor  # (B, P + T)
+    attention_mask: torch.Tensor  # (B, P + T)
+    completion_ids: torch.Tensor  # (B, T)
+    completion_mask: torch.Tensor  # (B, T) 1 on real completion tokens
+
+
+def make_token_batch(
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> TokenBatch:
+    p = [torch.tensor(x, dtype=torch.long) for x in prompts]
+    c = [torch.tensor(x, dtype=torch.long) for x in completions]
+    prompt_ids = pad(p, padding_value=pad_id, padding_side="left")
+    prompt_mask = pad([torch.ones_like(x) for x in p], padding_value=0, padding_side="left")
+    completion_ids = pad(c, padding_value=pad_id, padding_side="right")
+    completion_mask = pad([torch.ones_like(x) for x in c], padding_value=0, padding_side="right")
+    return TokenBatch(
+        input_ids=torch.cat([prompt_ids, completion_ids], dim=1).to(device),
+        attention_mask=torch.cat([prompt_mask, completion_mask], dim=1).to(device),
+        completion_ids=completion_ids.to(device),
+        completion_mask=completion_mask.to(device),
+    )
+
+
+def pad_floats(rows: list[list[float]], device: torch.device | str = "cpu") -> torch.Tensor:
+    return pad([torch.tensor(r, dtype=torch.float32) for r in rows], padding_value=0.0).to(device)
+
+
+def completion_logps(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """Log-prob of each completion token under ``model`` (B, T); zero on padding.
+
+    Only the last T + 1 positions' logits are materialized (``logits_to_keep``, as GRPOTrainer
+    does): the vocabulary projection dominates memory for small models.
+    """
+    t = batch.completion_ids.size(1)
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=t + 1,
+    ).logits
+    logits = logits[:, :-1, :].float()  # position i predicts token i + 1
+    logps = selective_log_softmax(logits, batch.completion_ids)
+    return logps * batch.completion_mask
+
+
+# -- advantages (B, T), zero on padding -----------------------------------------------------------
+
+
+def rl_advantages(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Binary RL: the judge's score (+1 / -1) on every response token."""
+    return scores.to(mask.dtype).unsqueeze(1) * mask
+
+
+def opd_advantages(
+    teacher_logps: torch.Tensor, student_logps: torch.Tensor, mask: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """On-policy distillation: how much more the hint-conditioned teacher likes each sampled token
+    than the student does, clipped to [-clip, clip]. Positive where the hint makes the token more
+    likely (push it up), negative where the hint argues against it (push it down)."""
+    gap = (teacher_logps - student_logps).detach()
+    return gap.clamp(-clip, clip) * mask
+
+
+def combined_advantages(
+    scores: torch.Tensor,
+    teacher_logps: torch.Tensor,
+    student_logps: torch.Tensor,
+    has_teacher: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    w_rl: float,
+    w_opd: float,
+    clip: float,
+) -> torch.Tensor:
+    """w_rl * score + w_opd * clip(teacher - student); the OPD term is 0 for samples without a hint."""
+    opd = opd_advantages(teacher_logps, student_logps, mask, clip) * has_teacher.to(mask.dtype).unsqueeze(1)
+    return w_rl * rl_advantages(scores, mask) + w_opd * opd
+
+
+# -- the clipped surrogate ------------------------------------------------------------------------
+
+
+@dataclass
+class LossStats:
+    clip_low: float  # fraction of tokens whose ratio fell under 1 - eps_low with A < 0
+    clip_high: float  # ... over 1 + eps_high with A > 0
+    kl_behaviour: float  # k3 KL(behaviour || policy) per token: how off-policy the batch is
+    kl_ref: float  # k3 KL to the reference model per token (0 when kl_coef is 0)
+    ratio_mean: float
+
+    @property
+    def clip_frac(self) -> float:
+        return self.clip_low + self.clip_high
+
+
+def k3_kl(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(other || policy) per token (GRPOTrainer's ``per_token_kl``)."""
+    d = other_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def ppo_clipped_loss(
+    logps: torch.Tensor,
+    behaviour_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    num_tokens: int | float,
+    ref_logps: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, LossStats]:
+    """PPO-style clipped surrogate, normalized by ``num_tokens`` (all completion tokens in the step,
+    so micro-batches accumulate to a token-level mean).
+
+    The ratio is taken against the engine's recorded log-probs, not the trainer's own weights, so a
+    sample generated by an older version is importance-corrected and its update bounded (defect 8).
+    """
+    mask = mask.to(logps.dtype)
+    log_ratio = (logps - behaviour_logps).clamp(-20.0, 20.0)  # exp() stays finite on wild samples
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    kl_ref = torch.zeros_like(per_token)
+    if ref_logps is not None and kl_coef:
+        kl_ref = k3_kl(logps, ref_logps)
+        per_token = per_token + kl_coef * kl_ref
+    loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        low = ((ratio < 1 - epsilon_low) & (advantages < 0)).to(mask.dtype)
+        high = ((ratio > 1 + epsilon_high) & (advantages > 0)).to(mask.dtype)
+        stats = LossStats(
+            clip_low=float((low * mask).sum() / n),
+            clip_high=float((high * mask).sum() / n),
+            kl_behaviour=float((k3_kl(logps, behaviour_logps) * mask).sum() / n),
+            kl_ref=float((kl_ref * mask).sum() / n),
+            ratio_mean=float((ratio * mask).sum() / n),
+        )
+    return loss, stats
