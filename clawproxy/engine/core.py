@@ -1,0 +1,495 @@
+"""The generation worker: one thread, one continuous-batching decode loop, hot weight swaps.
+
+Why a single worker thread: torch releases the GIL inside its kernels, so the aiohttp event loop
+stays responsive while the worker computes, and one thread owning the model means weight swaps
+and pauses need no locking inside the forward pass — they run *between* decode steps, in the
+worker itself (``_run_control``), which is exactly the "freeze between steps" vLLM's keep mode
+promises.
+
+Batching (continuous, vLLM-style in spirit): requests that arrive while others decode are
+prefilled on their own (one forward over the prompt, own KV cache) and then joined to the running
+batch at the next step. The batch shares one left-padded ``DynamicCache``; a 2-D attention mask
+hides the padding and per-row ``position_ids`` keep RoPE positions exact, so every row computes
+what it would alone (to float rounding). Finished rows are sliced out and all-padding columns
+trimmed.
+
+Log-probs (``logprobs_mode``, named after vLLM's ``--logprobs-mode``): by default
+``raw_logprobs``, as vLLM v1: log_softmax of the model's raw logits, before temperature and
+top_p. That is the behaviour policy the trainer's PPO ratio needs (it recomputes log-probs at
+temperature 1 over the same tokens). ``processed_logprobs`` gives log_softmax of the logits the
+token was actually sampled from (after temperature and top_p masking) for callers that want
+the sampler's distribution.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawproxy.engine import weights as weights_mod
+from clawproxy.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+@dataclass
+class SamplingParams:
+    """What one request asks of the sampler (already validated by the server)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass
+class StepEvent:
+    """One decode step's output for one request, sent to its HTTP handler."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    weight_version: int
+    finish_reason: str | None = None  # stop | length | abort
+    stop_reason: str | int | None = None
+    error: str | None = None
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    emit: Callable[[StepEvent], None]
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    cancelled: bool = False
+    # worker-side state
+    completion_ids: list[int] = field(default_factory=list)
+    sent_chars: int = 0
+    generator: torch.Generator | None = None
+    finished: bool = False
+
+
+class Engine:
+    """Owns the model; serves ``GenRequest``s from a worker thread; swaps weights between steps."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 8,
+        max_model_len: int = 8192,
+        logprobs_mode: str = "raw_logprobs",
+        threads: int | None = None,
+        weight_version: int = 0,
+    ) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.logprobs_mode = logprobs_mode
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self.device = next(model.parameters()).device
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._version = weight_version
+        # The base weights (a CPU copy) LoRA adapters are merged into.
+        self._base_state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+        self._reference = {k: v for k, v in model.state_dict().items()}
+        self._cond = threading.Condition()
+        self._pending: collections.deque[GenRequest] = collections.deque()
+        self._active: list[GenRequest] = []
+        self._controls: collections.deque[_Control] = collections.deque()
+        self._pause_mode: str | None = None  # requested mode while pausing/paused
+        self._parked = False  # worker acknowledged the pause
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # batch state (worker thread only)
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+        self.steps = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def is_paused(self) -> bool:
+        return self._pause_mode is not None
+
+    def load(self) -> dict[str, int]:
+        return {"pending": len(self._pending), "active": len(self._active)}
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, req: GenRequest) -> None:
+        """Queue a request (thread-safe). It waits while the engine is paused."""
+        if req.params.seed is not None:
+            req.generator = torch.Generator(device="cpu").manual_seed(req.params.seed)
+        with self._cond:
+            self._pending.append(req)
+            self._cond.notify_all()
+
+    def cancel(self, req: GenRequest) -> None:
+        """The client went away: drop the request at the next step."""
+        req.cancelled = True
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- control (blocking: call from a thread, e.g. asyncio.to_thread) -----------------------
+
+    def pause(self, mode: str = "keep", timeout: float | None = None) -> None:
+        """Pause generation; return once the worker is parked between steps.
+
+        keep: in-flight requests freeze and continue after resume (on whatever weights are then
+        loaded); wait: in-flight requests finish first, new ones wait; abort: in-flight and
+        queued requests end now with finish_reason ``abort``. In every mode new requests wait.
+        """
+        if mode not in ("keep", "wait", "abort"):
+            raise EngineError(f"pause mode {mode!r}: use keep, wait or abort", status=400)
+        with self._cond:
+            self._pause_mode = mode
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._parked or self._stopping, timeout):
+                raise EngineError("the engine did not pause in time", status=504)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._pause_mode = None
+            self._parked = False
+            self._cond.notify_all()
+
+    def reload_full(self, path: str | Path, version: int | None = None) -> int:
+        """Load a full safetensors checkpoint on the side, validate it, swap it in atomically."""
+        t0 = time.perf_counter()
+        state = weights_mod.load_full_checkpoint(path, self._reference)
+        self._swap(state, version, full=True)
+        log.info("loaded %s as weight version %d in %.2fs", path, self._version, time.perf_counter() - t0)
+        return self._version
+
+    def load_lora(self, path: str | Path, version: int | None = None) -> int:
+        """Merge a PEFT LoRA adapter into the base weights, validate, swap in atomically."""
+        t0 = time.perf_counter()
+        merged = weights_mod.merge_lora(path, self._base_state)
+        state = dict(self._base_state)
+        state.update(merged)
+        self._swap(state, version, full=True)
+        log.info("merged LoRA %s as weight version %d in %.2fs", path, self._version, time.perf_counter() - t0)
+        return self._version
+
+    def _swap(self, state: dict[str, torch.Tensor], version: int | None, full: bool) -> None:
+        new_version = self._version + 1 if version is None else int(version)
+
+        def apply() -> None:
+            params = self.model.state_dict()
+            with torch.no_grad():
+                for name, tensor in state.items():
+                    params[name].copy_(tensor)
+            self._version = new_version
+
+        self._call_in_worker(apply)
+
+    def _call_in_worker(self, fn: Callable[[], None], timeout: float = 120.0) -> None:
+        """Run ``fn`` in the worker thread between decode steps; wait for it; re-raise errors."""
+        ctl = _Control(fn)
+        with self._cond:
+            self._controls.append(ctl)
+            self._cond.notify_all()
+        if not ctl.done.wait(timeout):
+            raise EngineError("the engine worker did not take the new weights in time", status=504)
+        if ctl.error is not None:
+            raise EngineError(f"weight swap failed: {ctl.error}", status=500)
+
+    # -- worker -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.threads)
+        with torch.inference_mode():
+            while True:
+                new: list[GenRequest] = []
+                controls: list[_Control] = []
+                with self._cond:
+                    while True:
+                        if self._stopping:
+                            self._abort_all("the engine is shutting down")
+                            return
+                        if self._controls:
+                            controls = list(self._controls)
+                            self._controls.clear()
+                            break
+                        mode = self._pause_mode
+                        if mode == "abort" and (self._active or self._pending):
+                            self._abort_all("aborted by pause(mode=abort)")
+                        if mode in ("keep", "abort") or (mode == "wait" and not self._active):
+                            if not self._parked:
+                                self._parked = True
+                                self._cond.notify_all()
+                            self._cond.wait()
+                            continue
+                        if mode is None:
+                            while self._pending and len(self._active) + len(new) < self.max_batch_size:
+                                new.append(self._pending.popleft())
+                        if new or self._active:
+                            break
+                        self._cond.wait()
+                if controls:
+                    # Outside the lock: a weight copy must not block submit() on the event loop.
+                    _run_controls(controls)
+                    continue
+                try:
+                    for req in new:
+                        self._prefill(req)
+                    self._drop_done()
+                    if self._active:
+                        self._decode_step()
+                        self._drop_done()
+                except Exception as err:  # a bug or OOM must not leave clients hanging
+                    log.exception("generation step failed")
+                    self._fail_all(new, f"generation failed: {err}")
+
+    def _prefill(self, req: GenRequest) -> None:
+        from transformers import DynamicCache
+
+        if req.cancelled:
+            req.finished = True
+            return
+        ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
+        self._sample_and_emit([req], logits)
+        if req.finished:
+            return
+        self._join(req, cache, len(req.prompt_ids))
+
+    def _join(self, req: GenRequest, cache: Any, length: int) -> None:
+        """Add a prefilled row to the batch: left-pad the shorter side, concatenate on batch."""
+        new_mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+        if self._cache is None or not self._active:
+            self._cache, self._mask, self._active = cache, new_mask, [req]
+            return
+        cur = self._mask.shape[1]
+        total = max(cur, length)
+        for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([_lpad(mine.keys, total - cur), _lpad(theirs.keys, total - length)])
+            mine.values = torch.cat(
+                [_lpad(mine.values, total - cur), _lpad(theirs.values, total - length)]
+            )
+        self._mask = torch.cat(
+            [_lpad_mask(self._mask, total - cur), _lpad_mask(new_mask, total - length)]
+        )
+        self._active.append(req)
+
+    def _decode_step(self) -> None:
+        rows = self._active
+        last = torch.tensor([[r.completion_ids[-1]] for r in rows], dtype=torch.long, device=self.device)
+        pos = torch.tensor(
+            [[len(r.prompt_ids) + len(r.completion_ids) - 1] for r in rows],
+            dtype=torch.long,
+            device=self.device,
+        )
+        assert self._mask is not None
+        mask = torch.cat([self._mask, torch.ones((len(rows), 1), dtype=torch.long, device=self.device)], 1)
+        out = self.model(
+            input_ids=last, attention_mask=mask, position_ids=pos, cache=self._cache, use_cache=True
+        )
+        self._mask = mask
+        self.steps += 1
+        self._sample_and_emit(rows, out.logits[:, -1, :].float())
+
+    def _drop_done(self) -> None:
+        """Slice finished/cancelled rows out of the batch and trim all-padding columns."""
+        keep = [i for i, r in enumerate(self._active) if not (r.finished or r.cancelled)]
+        if len(keep) == len(self._active):
+            return
+        for r in self._active:
+            if r.cancelled and not r.finished:
+                r.finished = True
+        if not keep:
+            self._active, self._cache, self._mask = [], None, None
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        assert self._mask is not None
+        mask = self._mask.index_select(0, idx)
+        lead = int((mask.cumsum(1) == 0).sum(1).min())  # columns that are padding in every row
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, lead:]
+            layer.values = layer.values.index_select(0, idx)[:, :, lead:]
+        self._mask = mask[:, lead:]
+        self._active = [self._active[i] for i in keep]
+
+    def _sample_and_emit(self, rows: list[GenRequest], logits: torch.Tensor) -> None:
+        raw = torch.log_softmax(logits, dim=-1)
+        for i, req in enumerate(rows):
+            p = req.params
+            row = logits[i]
+            if p.temperature <= 1e-5:
+                tok = int(torch.argmax(row))
+                processed = raw[i]
+            else:
+                scaled = row / p.temperature
+                if p.top_p < 1.0:
+                    scaled = _top_p_mask(scaled, p.top_p)
+                probs = torch.softmax(scaled, dim=-1)
+                tok = int(torch.multinomial(probs, 1, generator=req.generator))
+                processed = torch.log_softmax(scaled, dim=-1)
+            dist = raw[i] if self.logprobs_mode == "raw_logprobs" else processed
+            lp = float(dist[tok])
+            top: list[tuple[int, float]] = []
+            if p.top_logprobs:
+                vals, idx = torch.topk(dist, p.top_logprobs)
+                top = [(int(t), float(v)) for t, v in zip(idx, vals, strict=True)]
+            self._advance(req, tok, lp if p.logprobs else 0.0, top)
+
+    def _advance(self, req: GenRequest, tok: int, lp: float, top: list[tuple[int, float]]) -> None:
+        """Record the token, detokenize, apply stop rules, emit the step's event."""
+        req.completion_ids.append(tok)
+        finish: str | None = None
+        stop_reason: str | int | None = None
+        visible = req.completion_ids
+        if tok in self.eos_ids:
+            finish, stop_reason, visible = "stop", tok, req.completion_ids[:-1]
+        text = self.tokenizer.decode(visible, skip_special_tokens=True)
+        cut = len(text)
+        if req.params.stop:
+            start = max(0, req.sent_chars - max(len(s) for s in req.params.stop))
+            hits = [(text.find(s, start), s) for s in req.params.stop]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                cut, stop_str = min(hits)
+                finish, stop_reason = "stop", stop_str
+        if finish is None:
+            if len(req.completion_ids) >= req.params.max_tokens or (
+                len(req.prompt_ids) + len(req.completion_ids) >= self.max_model_len
+            ):
+                finish = "length"
+        if finish is None:
+            # Hold back an incomplete UTF-8 sequence and anything that may start a stop string.
+            if text.endswith("\ufffd"):
+                cut = len(text.rstrip("\ufffd"))
+            hold = max((_partial_len(text[:cut], s) for s in req.params.stop), default=0)
+            cut -= hold
+        cut = max(cut, req.sent_chars)
+        delta = text[req.sent_chars : cut]
+        req.sent_chars = cut
+        if finish is not None:
+            req.finished = True
+        req.emit(
+            StepEvent(
+                token_ids=[tok],
+                logprobs=[lp],
+                top_logprobs=[top] if top else [],
+                text=delta,
+                weight_version=self._version,
+                finish_reason=finish,
+                stop_reason=stop_reason,
+            )
+        )
+
+    def _abort_all(self, why: str) -> None:
+        for req in list(self._active) + list(self._pending):
+            if not req.finished:
+                req.finished = True
+                req.emit(_final(self._version, "abort", None))
+        self._active, self._cache, self._mask = [], None, None
+        self._pending.clear()
+
+    def _fail_all(self, new: list[GenRequest], why: str) -> None:
+        for req in set(self._active) | set(new):
+            if not req.finished:
+                req.finished = True
+                ev = _final(self._version, "abort", None)
+                ev.error = why
+                req.emit(ev)
+        self._active, self._cache, self._mask = [], None, None
+
+
+@dataclass
+class _Control:
+    fn: Callable[[], None]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _run_controls(controls: list[_Control]) -> None:
+    for ctl in controls:
+        try:
+            ctl.fn()
+        except Exception as err:
+            log.exception("control in worker failed")
+            ctl.error = err
+        ctl.done.set()
+
+
+def _final(version: int, finish: str, stop_reason: Any) -> StepEvent:
+    return StepEvent([], [], [], "", version, finish_reason=finish, stop_reason=stop_reason)
+
+
+def _lpad(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    pad = torch.zeros((*t.shape[:2], n, t.shape[3]), dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t], dim=2)
+
+
+def _lpad_mask(m: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return m
+    return torch.cat([torch.zeros((m.shape[0], n), dtype=m.dtype, device=m.device), m], dim=1)
+
+
+def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability mass reaches top_p (at least one)."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(0, order, sorted_logits)
+
+
+def _partial_len(text: str, stop: str) -> int:
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, list | tuple):
+            ids.update(int(x) for x in src)
+    return ids

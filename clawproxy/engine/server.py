@@ -1,0 +1,574 @@
+"""The embedded engine's HTTP server: OpenAI chat completions with vLLM's extras, plus vLLM's
+dev-mode control verbs, on aiohttp.
+
+Wire shapes follow vLLM's OpenAI server (``vllm/entrypoints/openai/chat_completion``):
+- streamed chunks: a first chunk with ``delta: {"role": "assistant", "content": ""}``, then one
+  chunk per decode step, the last with ``finish_reason``; with
+  ``stream_options.include_usage`` a final ``choices: []`` chunk carrying ``usage``; then
+  ``data: [DONE]`` (WIRE.md §3.2 is what OpenClaw needs of it);
+- ``return_token_ids: true`` (vLLM >= 0.10.2): top-level ``prompt_token_ids`` (in the first chunk
+  when streaming) and ``choices[i].token_ids`` (the step's completion ids per chunk when
+  streaming, all of them otherwise);
+- ``logprobs`` / ``top_logprobs``: ``choices[i].logprobs.content[*]`` with ``token``, ``logprob``,
+  ``bytes``, ``top_logprobs``; -inf is clamped to -9999.0 as vLLM does;
+- ``stop_reason`` next to ``finish_reason`` (the stop string or EOS id that ended generation);
+- errors: ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+
+Ours on top: a top-level integer ``weight_version`` on every response and chunk (the weights
+that produced that chunk's tokens; for a non-streamed response, those of its last token) and an
+``x-weight-version`` header (the version serving when the response started).
+
+Control routes (vLLM dev mode, ``vllm/entrypoints/serve/dev/rlhf/api_router.py``):
+``POST /pause?mode=keep|wait|abort``, ``POST /resume``, ``GET /is_paused``,
+``POST /reset_prefix_cache`` (a no-op: this engine keeps no prefix cache),
+``POST /collective_rpc`` (only ``method: "reload_weights"`` with ``kwargs.weights_path``, the
+call vLLM users make to reload from disk), ``POST /v1/load_lora_adapter``
+(``{"lora_name", "lora_path"}`` as vLLM's LoRA route; the adapter is merged into the base
+weights), and ours: ``POST /reload_weights {"weights_path", "weight_version"}`` and
+``GET /weight_info`` -> ``{"weight_version": N}`` (the route newer vLLM uses for its version
+string; ours is an integer). Control routes are open to loopback clients only, unless a control
+token is set, in which case ``Authorization: Bearer <token>`` is required from everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
+from clawproxy.engine.tools import ToolCallStreamParser, normalize_messages, template_supports_tools
+from clawproxy.errors import EngineError, openai_error_body
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerSettings:
+    """What the HTTP layer needs besides the engine."""
+
+    served_model_name: str
+    model_root: str
+    max_model_len: int
+    default_max_tokens: int | None = None  # None: fill the context, as vLLM does
+    control_token: str | None = None
+
+
+ENGINE = web.AppKey("engine", Engine)
+SETTINGS = web.AppKey("settings", ServerSettings)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+
+def error_response(message: str, status: int = 400, param: str | None = None,
+                   type_: str = "BadRequestError") -> web.Response:
+    body = openai_error_body(message, type_, param=param)
+    body["error"]["code"] = status
+    return web.json_response(body, status=status)
+
+
+def create_app(engine: Engine, settings: ServerSettings) -> web.Application:
+    """Build the aiohttp app; the engine's worker thread starts and stops with it."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[ENGINE] = engine
+    app[SETTINGS] = settings
+
+    async def engine_ctx(app: web.Application):
+        engine.start()
+        yield
+        await asyncio.to_thread(engine.stop)
+
+    app.cleanup_ctx.append(engine_ctx)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    for method, path, handler in (
+        ("POST", "/pause", pause),
+        ("POST", "/resume", resume),
+        ("GET", "/is_paused", is_paused),
+        ("POST", "/reset_prefix_cache", reset_prefix_cache),
+        ("POST", "/reload_weights", reload_weights),
+        ("POST", "/collective_rpc", collective_rpc),
+        ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+        ("GET", "/weight_info", weight_info),
+        ("GET", "/get_weight_version", weight_info),
+    ):
+        app.router.add_route(method, path, _control(handler))
+    return app
+
+
+# -- public routes --------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    return web.json_response(
+        {"status": "ok", "weight_version": engine.weight_version, "paused": engine.is_paused},
+        headers={"x-weight-version": str(engine.weight_version)},
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    s = request.app[SETTINGS]
+    card = {
+        "id": s.served_model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "clawproxy",
+        "root": s.model_root,
+        "parent": None,
+        "max_model_len": s.max_model_len,
+        "permission": [],
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+@dataclass
+class ChatJob:
+    """One validated chat request, rendered to token ids."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+    parse_tools: bool
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    engine, settings = request.app[ENGINE], request.app[SETTINGS]
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as err:
+        return error_response(f"request body is not valid JSON: {err}")
+    try:
+        job = await asyncio.to_thread(_prepare, engine, settings, body)
+    except BadRequest as err:
+        return error_response(err.message, err.status, err.param)
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[StepEvent] = asyncio.Queue()
+    req = GenRequest(
+        prompt_ids=job.prompt_ids,
+        params=job.params,
+        emit=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
+    )
+    meta = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": settings.served_model_name,
+    }
+    engine.submit(req)
+    try:
+        if job.stream:
+            return await _stream(request, engine, job, req, queue, meta)
+        return await _complete(engine, job, queue, meta)
+    finally:
+        if not req.finished:
+            engine.cancel(req)
+
+
+def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
+    """Validate the request (OpenAI + vLLM extras) and render the prompt with the chat template."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadRequest(f"messages[{i}] needs a role of system, user, assistant or tool", "messages")
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise BadRequest("only n=1 is supported", "n")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0.0:
+        raise BadRequest("top_p must be in (0, 1]", "top_p")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise BadRequest("max_tokens must be a positive integer", "max_tokens")
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("'stop' must be a string or a list of non-empty strings", "stop")
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise BadRequest("seed must be an integer", "seed")
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise BadRequest("logprobs must be a boolean", "logprobs")
+    top_logprobs = body.get("top_logprobs") or 0
+    if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= 20:
+        raise BadRequest("top_logprobs must be an integer between 0 and 20", "top_logprobs")
+    if top_logprobs and not logprobs:
+        raise BadRequest("top_logprobs requires logprobs=true", "top_logprobs")
+    tools = body.get("tools") or None
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("'tools' must be a list of tool objects", "tools")
+    tool_choice = body.get("tool_choice", "auto")
+    if tool_choice == "none":
+        tools = None
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise BadRequest("stream_options must be an object", "stream_options")
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
+
+    tokenizer = engine.tokenizer
+    native = template_supports_tools(getattr(tokenizer, "chat_template", None))
+    rendered = normalize_messages(messages, tools, native)
+    try:
+        text = tokenizer.apply_chat_template(
+            rendered,
+            tools=tools if native else None,
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            tokenize=False,
+            **template_kwargs,
+        )
+    except Exception as err:  # jinja errors, templates that reject a role order...
+        raise BadRequest(f"the chat template could not render these messages: {err}", "messages") from None
+    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    room = settings.max_model_len - len(prompt_ids)
+    if room < 1 or (max_tokens is not None and max_tokens > room):
+        asked = max_tokens or 1
+        raise BadRequest(
+            f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
+            f"requested {len(prompt_ids) + asked} tokens ({len(prompt_ids)} in the messages, "
+            f"{asked} in the completion). Please reduce the length of the messages or completion.",
+            "messages",
+        )
+    if max_tokens is None:
+        max_tokens = room if settings.default_max_tokens is None else min(room, settings.default_max_tokens)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop=stop,
+        seed=seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+    return ChatJob(
+        prompt_ids=list(prompt_ids),
+        params=params,
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(stream_options.get("include_usage", False)),
+        return_token_ids=bool(body.get("return_token_ids", False)),
+        parse_tools=bool(tools),
+    )
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool) or not lo <= value <= hi:
+        raise BadRequest(f"{key} must be a number between {lo} and {hi}", key)
+    return float(value)
+
+
+class _TokenText:
+    """Token id -> its text, cached (logprob entries name each token)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, tok: int) -> str:
+        text = self.cache.get(tok)
+        if text is None:
+            text = self.cache[tok] = self.tokenizer.decode([tok])
+        return text
+
+
+def _logprob_entries(ev: StepEvent, token_text: _TokenText) -> list[dict[str, Any]]:
+    entries = []
+    for i, tok in enumerate(ev.token_ids):
+        text = token_text(tok)
+        top = ev.top_logprobs[i] if i < len(ev.top_logprobs) else []
+        entries.append(
+            {
+                "token": text,
+                "logprob": max(ev.logprobs[i], -9999.0),
+                "bytes": list(text.encode()),
+                "top_logprobs": [
+                    {
+                        "token": token_text(t),
+                        "logprob": max(lp, -9999.0),
+                        "bytes": list(token_text(t).encode()),
+                    }
+                    for t, lp in top
+                ],
+            }
+        )
+    return entries
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _stream(
+    request: web.Request,
+    engine: Engine,
+    job: ChatJob,
+    req: GenRequest,
+    queue: asyncio.Queue[StepEvent],
+    meta: dict[str, Any],
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-weight-version": str(engine.weight_version),
+        }
+    )
+    await resp.prepare(request)
+    token_text = _TokenText(engine.tokenizer)
+    parser = ToolCallStreamParser(enabled=job.parse_tools)
+    base = {**meta, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict, version: int, finish: str | None = None, stop_reason: Any = None,
+              ev: StepEvent | None = None, **extra: Any) -> dict:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = stop_reason
+        if ev is not None and job.params.logprobs and ev.token_ids:
+            choice["logprobs"] = {"content": _logprob_entries(ev, token_text)}
+        if ev is not None and job.return_token_ids:
+            choice["token_ids"] = list(ev.token_ids)
+        return {**base, "choices": [choice], **extra, "weight_version": version}
+
+    first_extra = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
+    await resp.write(_sse(chunk({"role": "assistant", "content": ""}, engine.weight_version, **first_extra)))
+    n_completion = 0
+    version = engine.weight_version
+    while True:
+        ev = await queue.get()
+        version = ev.weight_version
+        n_completion += len(ev.token_ids)
+        if ev.error:
+            await resp.write(_sse({"error": {"message": ev.error, "type": "InternalServerError",
+                                             "param": None, "code": 500}}))
+            break
+        parsed = parser.feed(ev.text)
+        if ev.finish_reason is not None:
+            tail = parser.finish()
+            parsed.content += tail.content
+            parsed.tool_calls += tail.tool_calls
+        deltas: list[dict[str, Any]] = []
+        if parsed.content:
+            deltas.append({"content": parsed.content})
+        deltas += [{"tool_calls": [tc]} for tc in parsed.tool_calls]
+        finish = ev.finish_reason
+        if finish == "stop" and parser.calls:
+            finish = "tool_calls"
+        if not deltas and (ev.token_ids and (job.return_token_ids or job.params.logprobs) or finish):
+            deltas.append({})
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            await resp.write(
+                _sse(
+                    chunk(
+                        delta,
+                        version,
+                        finish=finish if last else None,
+                        stop_reason=ev.stop_reason,
+                        ev=ev if i == 0 else None,
+                    )
+                )
+            )
+        if ev.finish_reason is not None:
+            break
+    if job.include_usage:
+        usage = {
+            "prompt_tokens": len(job.prompt_ids),
+            "completion_tokens": n_completion,
+            "total_tokens": len(job.prompt_ids) + n_completion,
+        }
+        await resp.write(_sse({**base, "choices": [], "usage": usage, "weight_version": version}))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _complete(
+    engine: Engine, job: ChatJob, queue: asyncio.Queue[StepEvent], meta: dict[str, Any]
+) -> web.Response:
+    events: list[StepEvent] = []
+    while True:
+        ev = await queue.get()
+        events.append(ev)
+        if ev.error:
+            return error_response(ev.error, 500, type_="InternalServerError")
+        if ev.finish_reason is not None:
+            break
+    token_ids = [t for ev in events for t in ev.token_ids]
+    text = "".join(ev.text for ev in events)
+    parser = ToolCallStreamParser(enabled=job.parse_tools)
+    first, tail = parser.feed(text), parser.finish()
+    content = first.content + tail.content
+    final = events[-1]
+    finish = "tool_calls" if parser.calls and final.finish_reason == "stop" else final.finish_reason
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if (content or not parser.calls) else None,
+        "tool_calls": parser.calls,
+        "reasoning_content": None,
+    }
+    logprobs = None
+    if job.params.logprobs:
+        token_text = _TokenText(engine.tokenizer)
+        logprobs = {"content": [e for ev in events for e in _logprob_entries(ev, token_text)]}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "stop_reason": final.stop_reason,
+    }
+    if job.return_token_ids:
+        choice["token_ids"] = token_ids
+    body: dict[str, Any] = {
+        **meta,
+        "object": "chat.completion",
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(job.prompt_ids),
+            "completion_tokens": len(token_ids),
+            "total_tokens": len(job.prompt_ids) + len(token_ids),
+        },
+        "weight_version": final.weight_version,
+    }
+    if job.return_token_ids:
+        body["prompt_token_ids"] = job.prompt_ids
+    return web.json_response(body, headers={"x-weight-version": str(final.weight_version)})
+
+
+# -- control routes -------------------------------------------------------------------------
+
+
+def _control(handler):
+    """Guard a control route: loopback clients only, or a valid bearer token when one is set."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        token = request.app[SETTINGS].control_token
+        if token:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return error_response("control verbs need Authorization: Bearer <control token>",
+                                      401, type_="AuthenticationError")
+        elif not _is_loopback(request.remote):
+            return error_response(
+                "control verbs are open to loopback clients only; start the engine with "
+                "--control-token to allow others", 403, type_="PermissionDeniedError")
+        try:
+            return await handler(request)
+        except EngineError as err:
+            return error_response(err.message, err.status, type_=err.code or err.type)
+        except BadRequest as err:
+            return error_response(err.message, err.status, err.param)
+
+    return guarded
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError as err:
+        raise BadRequest(f"request body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+async def pause(request: web.Request) -> web.Response:
+    mode = request.query.get("mode", "abort")  # vLLM's default mode is abort
+    if mode not in ("keep", "wait", "abort"):
+        raise BadRequest(f"mode={mode!r}: use keep, wait or abort", "mode")
+    await asyncio.to_thread(request.app[ENGINE].pause, mode)
+    return web.json_response({"status": "paused", "mode": mode})
+
+
+async def resume(request: web.Request) -> web.Response:
+    request.app[ENGINE].resume()
+    return web.json_response({"status": "resumed"})
+
+
+async def is_paused(request: web.Request) -> web.Response:
+    return web.json_response({"is_paused": request.app[ENGINE].is_paused})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def weight_info(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[ENGINE].weight_version})
+
+
+def _version_arg(body: dict[str, Any]) -> int | None:
+    version = body.get("weight_version", body.get("version"))
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise BadRequest("weight_version must be an integer", "weight_version")
+    return version
+
+
+async def reload_weights(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    path = body.get("weights_path", body.get("path"))
+    if not isinstance(path, str) or not path:
+        raise BadRequest("'weights_path' (a checkpoint directory) is required", "weights_path")
+    version = await asyncio.to_thread(request.app[ENGINE].reload_full, Path(path), _version_arg(body))
+    return web.json_response({"status": "ok", "weight_version": version})
+
+
+async def collective_rpc(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if body.get("method") != "reload_weights":
+        raise BadRequest("this engine supports collective_rpc method 'reload_weights' only", "method")
+    kwargs = body.get("kwargs") or {}
+    path = kwargs.get("weights_path")
+    if not isinstance(path, str) or not path:
+        raise BadRequest("kwargs.weights_path (a checkpoint directory) is required", "kwargs")
+    version = await asyncio.to_thread(request.app[ENGINE].reload_full, Path(path), _version_arg(kwargs))
+    return web.json_response({"results": [None], "weight_version": version})
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    path = body.get("lora_path")
+    if not isinstance(path, str) or not path:
+        raise BadRequest("'lora_path' (a PEFT adapter directory) is required", "lora_path")
+    version = await asyncio.to_thread(request.app[ENGINE].load_lora, Path(path), _version_arg(body))
+    name = body.get("lora_name", "adapter")
+    return web.json_response(
+        {"status": "ok", "weight_version": version,
+         "message": f"Success: LoRA adapter '{name}' added successfully."}
+    )
