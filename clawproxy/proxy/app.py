@@ -1,0 +1,433 @@
+"""The aiohttp application: a transparent reverse proxy for ``/v1/*`` that records chat turns.
+
+Hot path, per request: read the body, validate and (for chat completions) splice in the token
+fields we want, open the upstream request, then pass every upstream read straight to the client.
+Only when we added fields the client did not ask for are events re-framed and the few that carry
+those fields re-serialized. Raw bytes are appended to a ``Capture``; parsing, session tracking and
+SQLite all happen later in the recorder (``recorder.py``), never between two chunks.
+
+``create_app`` is self-contained: ``clawproxy start`` (the supervisor) and the tests both just call
+it and run the app (``run_proxy`` does that with the settings we recommend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from clawproxy.config import Config
+from clawproxy.errors import ConfigError, RequestError, openai_error_body
+from clawproxy.proxy.recorder import Capture, Recorder
+from clawproxy.proxy.sse import Added, EventFramer, strip_body
+
+log = logging.getLogger("clawproxy.proxy")
+
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/chat/completions/"})
+# RFC 9110 §7.6.1 hop-by-hop headers, plus what aiohttp recomputes (length, encoding, host).
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    "content-encoding", "accept-encoding",
+})
+SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+WATCH_INTERVAL_S = 0.25
+
+
+@dataclass
+class ProxyStats:
+    """Counters served by /clawproxy/stats."""
+
+    requests: int = 0
+    chat_requests: int = 0
+    errors: int = 0
+    aborted: int = 0
+    in_flight: int = 0
+    started_at: float = 0.0
+
+
+CONFIG_KEY = web.AppKey("clawproxy_config", Config)
+UPSTREAM_KEY = web.AppKey("clawproxy_upstream", aiohttp.ClientSession)
+RECORDER_KEY = web.AppKey("clawproxy_recorder", Recorder)
+READY_KEY = web.AppKey("clawproxy_upstream_ready", object)
+STATS_KEY = web.AppKey("clawproxy_stats", ProxyStats)
+
+
+def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> web.Application:
+    """Build the proxy application for ``cfg.proxy.upstream``.
+
+    ``upstream_ready``: when given and it returns False while the upstream refuses connections
+    (the embedded engine is restarting), clients get 503 with ``Retry-After: 1`` instead of 502.
+    """
+    if not cfg.proxy.upstream:
+        raise ConfigError("the proxy needs proxy.upstream (e.g. --upstream http://127.0.0.1:8000).")
+    app = web.Application(client_max_size=cfg.proxy.max_body_bytes)
+    app[CONFIG_KEY] = cfg
+    app[READY_KEY] = upstream_ready
+    app[STATS_KEY] = ProxyStats(started_at=time.time())
+    app.cleanup_ctx.append(_recorder_ctx)
+    app.cleanup_ctx.append(_upstream_ctx)  # cleaned up first: no request outlives the recorder
+    app.router.add_get("/clawproxy/health", health)
+    app.router.add_get("/clawproxy/stats", stats)
+    app.router.add_route("*", "/v1/{tail:.*}", forward)
+    app.router.add_route("*", "/v1", forward)
+    return app
+
+
+def run_proxy(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> None:
+    """Serve the proxy on cfg.proxy.host:port until interrupted."""
+    web.run_app(
+        create_app(cfg, upstream_ready=upstream_ready),
+        host=cfg.proxy.host,
+        port=cfg.proxy.port,
+        handler_cancellation=True,
+        access_log=None,
+        print=lambda *_: log.info("proxy on http://%s:%d/v1 -> %s", cfg.proxy.host,
+                                  cfg.proxy.port, cfg.proxy.upstream),
+    )
+
+
+async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
+    recorder = Recorder(app[CONFIG_KEY])
+    await recorder.start()
+    app[RECORDER_KEY] = recorder
+    yield
+    await recorder.close()
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    p = app[CONFIG_KEY].proxy
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=p.connect_timeout_s,
+                                    sock_read=p.read_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                     auto_decompress=True) as session:
+        app[UPSTREAM_KEY] = session
+        yield
+
+
+# -- control endpoints ---------------------------------------------------------------------------
+def _control_allowed(request: web.Request) -> bool:
+    token = request.app[CONFIG_KEY].proxy.control_token
+    if token:
+        return hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}")
+    return (request.remote or "") in LOOPBACK or (request.remote or "").startswith("127.")
+
+
+def _control_denied() -> web.Response:
+    return _error(403, "control endpoints need a loopback client or the control token "
+                  "(Authorization: Bearer <proxy.control_token>)", "permission_error")
+
+
+async def health(request: web.Request) -> web.Response:
+    if not _control_allowed(request):
+        return _control_denied()
+    ready = request.app[READY_KEY]
+    rec = request.app[RECORDER_KEY]
+    return _json({
+        "status": "ok",
+        "upstream": request.app[CONFIG_KEY].proxy.upstream,
+        "upstream_ready": ready() if callable(ready) else None,
+        "store_ok": rec.store_ok,
+    })
+
+
+async def stats(request: web.Request) -> web.Response:
+    if not _control_allowed(request):
+        return _control_denied()
+    s = request.app[STATS_KEY]
+    return _json({
+        "requests": s.requests, "chat_requests": s.chat_requests, "errors": s.errors,
+        "aborted": s.aborted, "in_flight": s.in_flight,
+        "uptime_s": round(time.time() - s.started_at, 3),
+        **request.app[RECORDER_KEY].stats(),
+    })
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
+def _error(status: int, message: str, type_: str, code: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(openai_error_body(message, type_, code)),
+                        content_type="application/json", headers=headers)
+
+
+def _request_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    drop = {t.strip().lower() for t in h.get("Connection", "").split(",") if t.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in h.items():
+        lk = k.lower()
+        if lk not in HOP_BY_HOP and lk not in drop:
+            out.add(k, v)
+    # Compression buys nothing on loopback and costs CPU per chunk; aiohttp still decodes it
+    # if an upstream compresses anyway.
+    out["Accept-Encoding"] = "identity"
+    return out
+
+
+def _response_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    drop = {t.strip().lower() for t in h.get("Connection", "").split(",") if t.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in h.items():
+        lk = k.lower()
+        if lk not in HOP_BY_HOP and lk not in drop:
+            out.add(k, v)
+    return out
+
+
+def _splice_fields(body: bytes, logprobs: bool, token_ids: bool) -> bytes:
+    """Add ``"logprobs":true`` / ``"return_token_ids":true`` without re-serializing the body."""
+    fields = []
+    if logprobs:
+        fields.append(b'"logprobs":true')
+    if token_ids:
+        fields.append(b'"return_token_ids":true')
+    i = body.index(b"{") + 1
+    rest = body[i:]
+    sep = b"" if rest.lstrip().startswith(b"}") else b","
+    return body[:i] + b",".join(fields) + sep + rest
+
+
+def _parse_chat_body(request: web.Request, body: bytes) -> dict[str, Any]:
+    ctype = request.content_type
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise RequestError(f"Content-Type must be application/json, got {ctype or 'none'!r}.",
+                           status=415, code="unsupported_media_type")
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as ue:
+            raise RequestError(f"request body is not valid UTF-8 (byte {ue.start}).",
+                               code="invalid_utf8") from None
+        raise RequestError(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise RequestError("request body must be a JSON object.", code="invalid_json")
+    if not isinstance(obj.get("messages"), list):
+        raise RequestError("'messages' must be an array of messages.", code="invalid_messages")
+    return obj
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestError(f"request body of {request.content_length} bytes exceeds the "
+                           f"{limit}-byte limit (proxy.max_body_bytes).", status=413,
+                           code="request_too_large")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(f"request body exceeds the {limit}-byte limit (proxy.max_body_bytes).",
+                           status=413, code="request_too_large") from None
+
+
+def _int_header(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class _ClientWatch:
+    """Notices a vanished client while we wait on the upstream, and cancels the handler.
+
+    aiohttp only cancels handlers on disconnect when run with ``handler_cancellation=True``;
+    this makes the proxy behave the same under any runner the supervisor picks.
+    """
+
+    __slots__ = ("gone", "_request", "_task", "_watcher")
+
+    def __init__(self, request: web.Request, rid: str):
+        self.gone = False
+        self._request = request
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._run(), name=f"clawproxy-client-watch-{rid}")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            tr = self._request.transport
+            if tr is None or tr.is_closing():
+                self.gone = True
+                if self._task is not None:
+                    self._task.cancel()
+                return
+
+    async def stop(self) -> None:
+        self._watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watcher
+
+
+# -- the forwarding handler ----------------------------------------------------------------------
+async def forward(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    cfg = app[CONFIG_KEY]
+    st = app[STATS_KEY]
+    st.requests += 1
+    is_chat = request.method == "POST" and request.path in CHAT_PATHS
+    t0 = time.perf_counter()
+    rid = uuid.uuid4().hex
+    cap: Capture | None = None
+    added = Added()
+    try:
+        body = await _read_body(request, cfg.proxy.max_body_bytes)
+        if is_chat:
+            st.chat_requests += 1
+            cap = Capture(rid, time.time(), request.path, t0,
+                          session_headers={k: v for k in SESSION_HEADERS
+                                           if (v := request.headers.get(k))})
+            obj = _parse_chat_body(request, body)
+            cap.body = obj
+            if cfg.proxy.record_tokens:
+                added = Added(logprobs="logprobs" not in obj,
+                              token_ids="return_token_ids" not in obj)
+                if added:
+                    body = _splice_fields(body, added.logprobs, added.token_ids)
+    except RequestError as e:
+        st.errors += 1
+        if cap is not None:
+            cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
+            app[RECORDER_KEY].submit(cap)
+        return _error(e.status, e.message, e.type, e.code)
+
+    st.in_flight += 1
+    watch = _ClientWatch(request, rid)
+    try:
+        return await _proxy(request, body, cap, added, watch)
+    except asyncio.CancelledError:
+        st.aborted += 1
+        if cap is not None and cap.t_end is None:
+            cap.status, cap.error, cap.t_end = "aborted", "client disconnected", time.perf_counter()
+            app[RECORDER_KEY].submit(cap)
+        raise
+    finally:
+        st.in_flight -= 1
+        await watch.stop()
+
+
+def _upstream_failure(request: web.Request, cap: Capture | None, exc: BaseException) -> web.Response:
+    app = request.app
+    app[STATS_KEY].errors += 1
+    ready = app[READY_KEY]
+    if isinstance(exc, TimeoutError):
+        status, msg, type_, headers = 504, "upstream did not answer in time", "upstream_timeout", None
+    elif callable(ready) and isinstance(exc, aiohttp.ClientConnectorError) and not ready():
+        status, msg, type_, headers = (503, "the model server is restarting; retry shortly",
+                                       "upstream_unavailable", {"Retry-After": "1"})
+    else:
+        status, msg, type_, headers = (502, f"upstream unreachable: {type(exc).__name__}: {exc}",
+                                       "upstream_error", None)
+    log.warning("upstream failure (%d): %s", status, msg)
+    if cap is not None:
+        cap.status, cap.http_status, cap.error, cap.t_end = "error", status, msg, time.perf_counter()
+        app[RECORDER_KEY].submit(cap)
+    return _error(status, msg, type_, headers=headers)
+
+
+async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
+                 watch: _ClientWatch) -> web.StreamResponse:
+    app = request.app
+    cfg = app[CONFIG_KEY]
+    url = URL(cfg.proxy.upstream + request.raw_path, encoded=True)
+    try:
+        up = await app[UPSTREAM_KEY].request(
+            request.method, url, headers=_request_headers(request.headers),
+            data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
+            allow_redirects=False,
+        )
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        return _upstream_failure(request, cap, e)
+
+    try:
+        headers = _response_headers(up.headers)
+        is_sse = up.headers.get("Content-Type", "").startswith("text/event-stream")
+        if cap is not None:
+            cap.http_status = up.status
+            cap.header_weight_version = _int_header(up.headers.get("x-weight-version"))
+        strip = added if (cap is not None and up.status < 400) else Added()
+        if is_sse:
+            return await _stream(request, up, headers, cap, strip, watch)
+        try:
+            data = await up.read()
+        except (TimeoutError, aiohttp.ClientError) as e:
+            return _upstream_failure(request, cap, e)
+        if cap is not None:
+            cap.t_first = cap.t_end = time.perf_counter()
+            cap.chunks.append(data)
+            app[RECORDER_KEY].submit(cap)
+        if strip:
+            data = strip_body(data, strip)
+        if up.status >= 400:
+            app[STATS_KEY].errors += 1
+        return web.Response(status=up.status, body=data, headers=headers)
+    finally:
+        up.release()
+
+
+async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIMultiDict[str],
+                  cap: Capture | None, strip: Added, watch: _ClientWatch) -> web.StreamResponse:
+    """Pass the event stream through as it arrives; a copy of each read goes to the capture."""
+    resp = web.StreamResponse(status=up.status, headers=headers)
+    framer = EventFramer(strip) if strip else None
+    chunks = cap.chunks if cap is not None else None
+    if cap is not None:
+        cap.stream = True
+    await resp.prepare(request)
+    try:
+        async for data in up.content.iter_any():
+            if chunks is not None:
+                if not chunks and cap is not None:
+                    cap.t_first = time.perf_counter()
+                chunks.append(data)
+            out = framer.feed(data) if framer is not None else data
+            if out:
+                await resp.write(out)
+        if framer is not None and (tail := framer.flush()):
+            await resp.write(tail)
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        request.app[STATS_KEY].aborted += 1
+        up.close()  # cancels the upstream generation
+        if cap is not None:
+            cap.status, cap.error = "aborted", "client disconnected"
+        _finish(request, cap)
+        return resp
+    except (TimeoutError, aiohttp.ClientError) as e:
+        # Headers are gone already: tell the client in-band, record the failure, end the stream.
+        up.close()
+        msg = ("upstream stopped sending (read timeout)" if isinstance(e, TimeoutError)
+               else f"upstream stream failed: {type(e).__name__}: {e}")
+        request.app[STATS_KEY].errors += 1
+        if cap is not None:
+            cap.status, cap.error = "error", msg
+        _finish(request, cap)
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(b"data: " + orjson.dumps(openai_error_body(msg, "upstream_error"))
+                             + b"\n\n")
+        return resp
+    _finish(request, cap)
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await resp.write_eof()
+    return resp
+
+
+def _finish(request: web.Request, cap: Capture | None) -> None:
+    if cap is not None and cap.t_end is None:
+        cap.t_end = time.perf_counter()
+        request.app[RECORDER_KEY].submit(cap)

@@ -1,0 +1,468 @@
+"""Session identity, turn classification and next-state linking (see shared/openclaw/WIRE.md §2).
+
+All of this runs in the recorder's single worker thread, so the tracker's in-memory state needs no
+locks. Pure functions (``identify``, ``classify``, ``is_degenerate``, ``next_state_after``) are
+kept separate from ``SessionTracker``, which owns state and writes to the store.
+
+What OpenClaw does that matching must tolerate: every call ends with a transient
+``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` user message that is never replayed; replayed assistant
+turns have tool-call ids reduced to [A-Za-z0-9], arguments re-serialized and ``<think>`` stripped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from clawproxy.store import Store
+
+log = logging.getLogger("clawproxy.sessions")
+
+CTX_MARKER = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
+_RUNTIME_RE = re.compile(r"Runtime:[^\n]*?\bsessionId=([^\s|]+)")
+_RUNTIME_SESSION_RE = re.compile(r"Runtime:[^\n]*?\bsession=([^\s|]+)")
+_RUNTIME_AGENT_RE = re.compile(r"Runtime:\s*agent=([^\s|]+)")
+_THINK_RE = re.compile(r"<(think|thinking|thought|reasoning)>.*?</\1>\s*", re.S)
+_WS_RE = re.compile(r"\s+")
+_NON_ALNUM = re.compile(r"[^A-Za-z0-9]")
+# Re-rendered timestamps differ between an original request and OpenClaw's retry of it.
+_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?|\d{1,2}:\d{2} ?[AP]M")
+
+
+# -- message helpers -----------------------------------------------------------------------------
+def message_text(msg: dict[str, Any]) -> str:
+    """The text of a message whose content is a string or a list of text parts."""
+    c = msg.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "\n".join(
+            p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def is_ctx(msg: Any) -> bool:
+    """OpenClaw's transient internal-context message (appended to every call, never replayed)."""
+    return (
+        isinstance(msg, dict)
+        and msg.get("role") == "user"
+        and message_text(msg).lstrip().startswith(CTX_MARKER)
+    )
+
+
+def strip_ctx(messages: list[Any]) -> list[Any]:
+    """``messages`` without trailing internal-context messages."""
+    end = len(messages)
+    while end and is_ctx(messages[end - 1]):
+        end -= 1
+    return messages[:end]
+
+
+def _canon_args(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            return orjson.dumps(orjson.loads(args), option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONDecodeError:
+            return args.strip()
+    return orjson.dumps(args, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def normalize_message(msg: Any) -> tuple:
+    """A comparison key for a message that survives OpenClaw's re-rendering of history."""
+    if not isinstance(msg, dict):
+        return ("?", str(msg))
+    role = msg.get("role", "")
+    text = _WS_RE.sub(" ", _THINK_RE.sub("", message_text(msg))).strip()
+    calls = tuple(
+        (
+            (tc.get("function") or {}).get("name", ""),
+            _canon_args((tc.get("function") or {}).get("arguments", "")),
+        )
+        for tc in (msg.get("tool_calls") or ())
+        if isinstance(tc, dict)
+    )
+    tcid = _NON_ALNUM.sub("", str(msg.get("tool_call_id") or ""))
+    return (role, text, calls, tcid)
+
+
+def prefix_hashes(messages: list[Any]) -> list[bytes]:
+    """h[k] identifies the normalized ``messages[:k]`` (h[0] is the empty prefix)."""
+    h = hashlib.blake2b(digest_size=16).digest()
+    out = [h]
+    for m in messages:
+        d = hashlib.blake2b(orjson.dumps(normalize_message(m)), digest_size=16).digest()
+        h = hashlib.blake2b(h + d, digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+def body_hash(body: dict[str, Any]) -> str:
+    """Hash of a request body with re-rendered timestamps masked (retry detection)."""
+    raw = orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode()
+    return hashlib.sha256(_TIME_RE.sub("T", raw).encode()).hexdigest()
+
+
+# -- identity ------------------------------------------------------------------------------------
+@dataclass
+class Identity:
+    session_id: str | None
+    source: str | None
+    compaction: int | None = None
+    session_key: str | None = None
+    agent: str | None = None
+
+
+def split_compaction(value: str) -> tuple[str, int | None]:
+    """``<sessionId>:<compactionCount>`` -> (sessionId, count); a bare id -> (id, None)."""
+    head, sep, tail = value.rpartition(":")
+    if sep and head and tail.isdigit():
+        return head, int(tail)
+    return value, None
+
+
+def identify(headers: dict[str, str], body: dict[str, Any]) -> Identity:
+    """Session identity from explicit signals, in WIRE.md's order (prefix chaining is separate)."""
+    messages = body.get("messages") or []
+    first_user = next(
+        (m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None
+    )
+    runtime = message_text(first_user) if first_user else ""
+    key = agent = None
+    if "Runtime:" in runtime:
+        if m := _RUNTIME_SESSION_RE.search(runtime):
+            key = m.group(1)
+        if m := _RUNTIME_AGENT_RE.search(runtime):
+            agent = m.group(1)
+    candidates: list[tuple[str | None, str]] = [
+        (headers.get("session_id") or headers.get("x-session-affinity"), "header"),
+        (body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,
+         "prompt_cache_key"),
+        (headers.get("x-session-id"), "x-session-id"),
+    ]
+    if m := _RUNTIME_RE.search(runtime):
+        candidates.append((m.group(1), "runtime"))
+    for value, source in candidates:
+        if value and value.strip():
+            sid, comp = split_compaction(value.strip())
+            return Identity(sid, source, comp, key, agent)
+    return Identity(None, None, None, key, agent)
+
+
+# -- classification ------------------------------------------------------------------------------
+def classify(body: dict[str, Any], stream: bool) -> str | None:
+    """The side kind of a request (WIRE.md §2.7), or None for a main turn.
+
+    Unknown requests are main: defaulting to side would silently never train on them.
+    """
+    messages = [m for m in (body.get("messages") or []) if isinstance(m, dict)]
+    system = next((message_text(m) for m in messages if m.get("role") in ("system", "developer")), "")
+    sys_head = system.lstrip()[:200]
+    if sys_head.startswith("You are a context summarization assistant"):
+        return "compaction"
+    if sys_head.startswith("Generate a concise session title"):
+        return "title"
+    if sys_head.startswith("You are a memory search agent"):
+        return "recall"
+    real_users = [m for m in strip_ctx(messages) if m.get("role") == "user" and not is_ctx(m)]
+    last_user = message_text(real_users[-1]).lstrip() if real_users else ""
+    if "Pre-compaction memory flush turn." in system or last_user.startswith(
+        "Pre-compaction memory flush."
+    ):
+        return "memory_flush"
+    if last_user.startswith("Follow the heartbeat monitor") or "[OpenClaw heartbeat poll]" in last_user:
+        return "heartbeat"
+    if (
+        not stream
+        and len(messages) == 1
+        and messages[0].get("role") == "user"
+        and message_text(messages[0]).strip() == "Hi"
+        and (body.get("max_tokens") or body.get("max_completion_tokens")) == 16
+    ):
+        return "probe"
+    return None
+
+
+def is_degenerate(text: str) -> bool:
+    """Heavy repetition: a looping generation that would blow up gradient norms if trained on."""
+    words = text.split()
+    if len(words) >= 40:
+        grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+        if len(set(grams)) / len(grams) < 0.3:
+            return True
+    stripped = _WS_RE.sub("", text)
+    if len(stripped) >= 200:
+        windows = {stripped[i : i + 8] for i in range(0, len(stripped) - 8, 4)}
+        if len(windows) / ((len(stripped) - 8) // 4 + 1) < 0.1:
+            return True
+    return False
+
+
+def trainability(rec: dict[str, Any], kind: str) -> str:
+    """The reason a turn is not trainable, or 'pending' (it waits for its next state)."""
+    if kind == "side":
+        return "side"
+    if kind == "retry":
+        return "retry"
+    if rec["status"] == "aborted":
+        return "aborted"
+    if rec["status"] != "ok":
+        return "error"
+    finish = rec.get("finish_reason")
+    if finish == "length":
+        return "truncated"
+    if finish not in ("stop", "tool_calls"):
+        return "error"
+    if is_degenerate(rec.get("response_text") or ""):
+        return "degenerate"
+    if not (rec.get("response_text") or "").strip() and not rec.get("response_tool_calls"):
+        return "empty"
+    return "pending"
+
+
+def next_state_after(
+    messages: list[Any], prompt_len: int | None, prompt_hash: bytes | None
+) -> list[dict[str, Any]] | None:
+    """The messages that followed the assistant turn answering a ``prompt_len``-message prompt.
+
+    Exact path: the new request's first ``prompt_len`` messages are the old prompt (normalized),
+    followed by the replayed assistant message. Fallback (history rewritten, e.g. compaction):
+    whatever follows the last assistant message. Stops at the next assistant message; drops CTX.
+    """
+    msgs = strip_ctx(messages)
+    start: int | None = None
+    if (
+        prompt_len is not None
+        and prompt_hash is not None
+        and len(msgs) > prompt_len + 1
+        and isinstance(msgs[prompt_len], dict)
+        and msgs[prompt_len].get("role") == "assistant"
+        and prefix_hashes(msgs[:prompt_len])[-1] == prompt_hash
+    ):
+        start = prompt_len + 1
+    else:
+        for i in range(len(msgs) - 1, -1, -1):
+            if isinstance(msgs[i], dict) and msgs[i].get("role") == "assistant":
+                start = i + 1
+                break
+    if start is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for m in msgs[start:]:
+        if not isinstance(m, dict) or m.get("role") == "assistant":
+            break
+        if not is_ctx(m):
+            out.append(m)
+    return out or None
+
+
+# -- the tracker ---------------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    turn_id: int
+    prompt_len: int
+    prompt_hash: bytes
+    reason: str
+
+
+@dataclass
+class _SessionState:
+    next_index: int
+    pending: _Pending | None
+
+
+class SessionTracker:
+    """Turns parsed records into rows: session upsert, turn insert, next-state link of the previous.
+
+    State kept in memory is a cache of what the store holds (rebuilt lazily per session), except
+    the prefix index used for chaining requests that carry no identity, which covers this run only.
+    """
+
+    def __init__(self, retry_window_s: float, idle_timeout_s: float, index_size: int = 5000):
+        self.retry_window_s = retry_window_s
+        self.idle_timeout_s = idle_timeout_s
+        self._sessions: dict[str, _SessionState] = {}
+        self._prefix_index: OrderedDict[bytes, str] = OrderedDict()
+        self._recent: OrderedDict[str, tuple[int, float, str, str | None]] = OrderedDict()
+        self._index_size = index_size
+
+    def forget(self) -> None:
+        """Drop cached state (after a store failure the cache may be ahead of the store)."""
+        self._sessions.clear()
+        self._recent.clear()
+
+    def _state(self, store: Store, sid: str) -> _SessionState:
+        st = self._sessions.get(sid)
+        if st is not None:
+            return st
+        row = store.query_one(
+            "SELECT MAX(turn_index) AS n FROM turns WHERE session_id=?", (sid,)
+        )
+        next_index = (row["n"] + 1) if row and row["n"] is not None else 0
+        pending = None
+        last = store.query_one(
+            "SELECT id, request_messages, reason FROM turns WHERE session_id=? AND kind='main' "
+            "AND status='ok' AND next_state IS NULL ORDER BY turn_index DESC, id DESC LIMIT 1",
+            (sid,),
+        )
+        newest_main = store.query_one(
+            "SELECT id FROM turns WHERE session_id=? AND kind='main' "
+            "ORDER BY turn_index DESC, id DESC LIMIT 1",
+            (sid,),
+        )
+        if last and newest_main and last["id"] == newest_main["id"] and last["reason"] != "no_next_state":
+            prompt = strip_ctx(last["request_messages"] or [])
+            pending = _Pending(last["id"], len(prompt), prefix_hashes(prompt)[-1], last["reason"])
+        st = _SessionState(next_index, pending)
+        self._sessions[sid] = st
+        return st
+
+    def _remember(self, d: OrderedDict, key: Any, value: Any) -> None:
+        d[key] = value
+        d.move_to_end(key)
+        while len(d) > self._index_size:
+            d.popitem(last=False)
+
+    def ingest(self, store: Store, rec: dict[str, Any]) -> int | None:
+        """Write one parsed turn record; returns the turn id (None if it was already stored)."""
+        with store.transaction() as conn:
+            if conn.execute(
+                "SELECT 1 FROM turns WHERE request_id=?", (rec["request_id"],)
+            ).fetchone():
+                return None
+            return self._ingest(store, rec)
+
+    def _ingest(self, store: Store, rec: dict[str, Any]) -> int:
+        body = rec.get("request_body") or {}
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        now = rec["created_at"]
+        ident = identify(rec.get("session_headers") or {}, body) if body else Identity(None, None)
+        side_kind = classify(body, bool(rec.get("stream"))) if messages else None
+        kind = "side" if side_kind else "main"
+
+        prompt = strip_ctx(messages)
+        hashes = prefix_hashes(prompt) if messages else []
+        sid, source = ident.session_id, ident.source
+        if sid is None and messages:
+            # Prefix chaining: an earlier prompt + its assistant reply begin this request.
+            for k in range(len(prompt) - 1, 0, -1):
+                if isinstance(prompt[k], dict) and prompt[k].get("role") == "assistant":
+                    hit = self._prefix_index.get(hashes[k])
+                    if hit:
+                        sid, source = hit, "prefix"
+                        break
+            if sid is None and kind == "main":
+                sid, source = f"anon-{uuid.uuid4().hex[:12]}", "new"
+
+        # Retries: an identical body within the window keeps only one trainable copy.
+        bh = rec.get("body_hash")
+        retry_of = None
+        if bh and messages:
+            prev = self._recent.get(bh)
+            if prev is None:
+                row = store.query_one(
+                    "SELECT id, created_at, status, session_id FROM turns WHERE body_hash=? "
+                    "AND kind != 'retry' AND created_at >= ? ORDER BY id DESC LIMIT 1",
+                    (bh, now - self.retry_window_s),
+                )
+                if row:
+                    prev = (row["id"], row["created_at"], row["status"], row["session_id"])
+            if prev and now - prev[1] <= self.retry_window_s:
+                retry_of = prev
+                sid = sid or prev[3]
+        if retry_of and retry_of[2] == "ok":
+            kind = "retry"
+        elif retry_of:
+            # The earlier copy failed: it becomes the retry, this one is the turn we keep.
+            store.update("turns", "id", retry_of[0], {"kind": "retry", "reason": "retry",
+                                                      "trainable": 0})
+
+        reason = trainability(rec, kind)
+        row = {k: rec.get(k) for k in _TURN_FIELDS}
+        row.update(
+            session_id=sid, kind=kind, side_kind=side_kind, compaction=ident.compaction,
+            trainable=0, reason=reason,
+            request_messages=messages or None,
+            request_tools=body.get("tools"),
+            request_params={k: v for k, v in body.items() if k not in ("messages", "tools")} or None,
+        )
+        st = None
+        if sid is not None:
+            self._upsert_session(store, sid, source or "new", ident, now)
+            st = self._state(store, sid)
+            row["turn_index"] = st.next_index
+            st.next_index += 1
+        turn_id = store.insert("turns", row)
+        if bh and messages and kind != "retry":
+            self._remember(self._recent, bh, (turn_id, now, rec["status"], sid))
+
+        if st is not None and kind == "main" and messages:
+            self._link(store, st, messages, turn_id)
+            if rec["status"] == "ok":
+                st.pending = _Pending(turn_id, len(prompt), hashes[-1], reason)
+                self._remember(self._prefix_index, hashes[-1], sid)
+        return turn_id
+
+    def _link(self, store: Store, st: _SessionState, messages: list[Any], turn_id: int) -> None:
+        """This main request carries the next state of the session's previous main turn."""
+        p = st.pending
+        if p is None:
+            return
+        st.pending = None
+        ns = next_state_after(messages, p.prompt_len, p.prompt_hash)
+        if ns is None:
+            if p.reason == "pending":
+                store.update("turns", "id", p.turn_id, {"reason": "no_next_state"})
+            return
+        role = "tool" if ns[0].get("role") == "tool" else "user"
+        values: dict[str, Any] = {"next_state": ns, "next_state_role": role, "next_turn_id": turn_id}
+        if p.reason == "pending":
+            values.update(trainable=1, reason="ok")
+        store.update("turns", "id", p.turn_id, values)
+
+    def _upsert_session(self, store: Store, sid: str, source: str, ident: Identity, now: float) -> None:
+        store.execute(
+            "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "last_seen=MAX(last_seen, excluded.last_seen), finalized_at=NULL, "
+            "compaction=COALESCE(excluded.compaction, compaction), "
+            "session_key=COALESCE(session_key, excluded.session_key), "
+            "agent=COALESCE(agent, excluded.agent)",
+            (sid, source, ident.session_key, ident.agent, ident.compaction, now, now),
+        )
+
+    def finalize_idle(self, store: Store, now: float | None = None) -> int:
+        """Sessions idle past the timeout: their pending last turn gets no next state."""
+        cutoff = (now if now is not None else time.time()) - self.idle_timeout_s
+        with store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen < ?", (cutoff,)
+            ).fetchall()
+            ids = [r["id"] for r in rows]
+            for sid in ids:
+                conn.execute(
+                    "UPDATE turns SET reason='no_next_state' WHERE session_id=? AND reason='pending'",
+                    (sid,),
+                )
+                conn.execute("UPDATE sessions SET finalized_at=? WHERE id=?", (time.time(), sid))
+        for sid in ids:
+            self._sessions.pop(sid, None)
+        if ids:
+            log.info("finalized %d idle session(s)", len(ids))
+        return len(ids)
+
+
+_TURN_FIELDS = (
+    "request_id", "created_at", "path", "status", "http_status", "error", "model", "stream",
+    "body_hash", "response_text", "response_reasoning", "response_tool_calls", "finish_reason",
+    "usage", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "weight_version",
+    "weight_versions", "ttft_ms", "total_ms",
+)

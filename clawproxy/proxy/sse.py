@@ -1,0 +1,307 @@
+"""Server-sent events: framing, stripping the fields we asked for, reassembling a turn.
+
+Two very different cost budgets live here. ``EventFramer`` and ``strip_event`` run on the hot path
+(once per upstream read, only when we must strip fields the client did not ask for), so they touch
+only the events that carry those fields and pass every other event through byte for byte.
+``assemble_stream`` / ``assemble_json`` run in the recorder's worker thread, after the response has
+been sent, and may parse everything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# Markers of fields we may have added; an event without any of them is never parsed on the hot path.
+_STRIP_MARKERS = (b'"token_ids"', b'"prompt_token_ids"', b'"logprobs"')
+
+
+@dataclass(frozen=True)
+class Added:
+    """Which request fields the proxy added (and must therefore strip from the response)."""
+
+    logprobs: bool = False
+    token_ids: bool = False
+
+    def __bool__(self) -> bool:
+        return self.logprobs or self.token_ids
+
+
+def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Split ``buf`` into complete events (each with its terminator) and the unfinished rest."""
+    events: list[bytes] = []
+    start = 0
+    for m in _EVENT_END.finditer(buf):
+        events.append(buf[start : m.end()])
+        start = m.end()
+    return events, buf[start:]
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The joined ``data:`` payload of one event, or None if it has none."""
+    parts = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            v = line[5:]
+            parts.append(v[1:] if v.startswith(b" ") else v)
+    if not parts:
+        return None
+    return b"\n".join(parts)
+
+
+def strip_obj(obj: Any, added: Added) -> bool:
+    """Remove the fields we added from one response object (chunk or full body). True if changed."""
+    if not isinstance(obj, dict):
+        return False
+    changed = False
+    if added.token_ids and "prompt_token_ids" in obj:
+        del obj["prompt_token_ids"]
+        changed = True
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if added.token_ids and "token_ids" in choice:
+            del choice["token_ids"]
+            changed = True
+        if added.logprobs and choice.get("logprobs") is not None:
+            # OpenAI-shaped servers send "logprobs": null when not asked; keep that shape.
+            choice["logprobs"] = None
+            changed = True
+    return changed
+
+
+def strip_event(event: bytes, added: Added) -> bytes:
+    """One SSE event with our added fields removed; the original bytes when nothing was added."""
+    if not any(m in event for m in _STRIP_MARKERS):
+        return event
+    data = event_data(event)
+    if data is None or data == b"[DONE]":
+        return event
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return event
+    if not strip_obj(obj, added):
+        return event
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def strip_body(body: bytes, added: Added) -> bytes:
+    """A non-streamed JSON response with our added fields removed (unchanged bytes otherwise)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not strip_obj(obj, added):
+        return body
+    return orjson.dumps(obj)
+
+
+class EventFramer:
+    """Re-frames an upstream byte stream into whole events so they can be stripped one by one.
+
+    Holds back at most one unfinished event; everything complete is released immediately.
+    """
+
+    __slots__ = ("_added", "_rest")
+
+    def __init__(self, added: Added):
+        self._added = added
+        self._rest = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._rest + data if self._rest else data
+        events, self._rest = split_events(buf)
+        if not events:
+            return b""
+        return b"".join([strip_event(e, self._added) for e in events])
+
+    def flush(self) -> bytes:
+        rest, self._rest = self._rest, b""
+        return strip_event(rest, self._added) if rest else b""
+
+
+# -- reassembly (recorder thread) ----------------------------------------------------------------
+_REASONING_KEYS = ("reasoning_content", "reasoning", "reasoning_text")
+
+
+@dataclass
+class Assembled:
+    """Everything we keep from one response, streamed or not."""
+
+    response_id: str | None = None
+    model: str | None = None
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    weight_versions: list[int] = field(default_factory=list)
+    error: str | None = None
+    saw_done: bool = False
+    events: int = 0
+
+
+class _StreamState:
+    def __init__(self) -> None:
+        self.out = Assembled()
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.reasoning_key: str | None = None
+        self.calls: dict[Any, dict[str, Any]] = {}
+        self.order: list[Any] = []
+
+    def _versions(self, obj: dict[str, Any]) -> None:
+        v = obj.get("weight_version")
+        if isinstance(v, int) and not isinstance(v, bool) and v not in self.out.weight_versions:
+            self.out.weight_versions.append(v)
+
+    def _call(self, key: Any) -> dict[str, Any]:
+        call = self.calls.get(key)
+        if call is None:
+            call = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            self.calls[key] = call
+            self.order.append(key)
+        return call
+
+    def chunk(self, obj: dict[str, Any]) -> None:
+        out = self.out
+        out.events += 1
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"]
+            out.error = err.get("message") if isinstance(err, dict) else str(err)
+            return
+        out.response_id = out.response_id or obj.get("id")
+        out.model = out.model or obj.get("model")
+        self._versions(obj)
+        if isinstance(obj.get("usage"), dict):
+            out.usage = obj["usage"]
+        if isinstance(obj.get("prompt_token_ids"), list):
+            out.prompt_token_ids = obj["prompt_token_ids"]
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # OpenClaw reads choices[0] only; so do we.
+            delta = choice.get("delta") or {}
+            self._delta(delta)
+            if isinstance(choice.get("usage"), dict):
+                out.usage = choice["usage"]
+            if choice.get("finish_reason") is not None:
+                out.finish_reason = choice["finish_reason"]
+            self._tokens(choice)
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        c = delta.get("content")
+        if isinstance(c, str):
+            self.text.append(c)
+        r = delta.get("refusal")
+        if isinstance(r, str):
+            self.text.append(r)
+        for key in _REASONING_KEYS:
+            v = delta.get(key)
+            if isinstance(v, str) and (self.reasoning_key in (None, key)):
+                self.reasoning_key = key
+                self.reasoning.append(v)
+        for tc in delta.get("tool_calls") or ():
+            if not isinstance(tc, dict):
+                continue
+            key = tc.get("index", tc.get("id"))
+            call = self._call(key)
+            if tc.get("id"):
+                call["id"] = tc["id"]
+            if tc.get("type"):
+                call["type"] = tc["type"]
+            fn = tc.get("function") or {}
+            if fn.get("name") and not call["function"]["name"]:
+                call["function"]["name"] = fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                call["function"]["arguments"] += fn["arguments"]
+        fc = delta.get("function_call")
+        if isinstance(fc, dict):
+            call = self._call("function_call")
+            if fc.get("name") and not call["function"]["name"]:
+                call["function"]["name"] = fc["name"]
+            if isinstance(fc.get("arguments"), str):
+                call["function"]["arguments"] += fc["arguments"]
+
+    def _tokens(self, choice: dict[str, Any]) -> None:
+        out = self.out
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            out.completion_token_ids = (out.completion_token_ids or []) + ids
+        lp = choice.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            vals = [e.get("logprob") for e in lp["content"] if isinstance(e, dict)]
+            out.completion_logprobs = (out.completion_logprobs or []) + vals
+
+    def finish(self) -> Assembled:
+        out = self.out
+        out.text = "".join(self.text)
+        out.reasoning = "".join(self.reasoning)
+        out.tool_calls = [self.calls[k] for k in self.order]
+        return out
+
+
+def assemble_stream(raw: bytes) -> Assembled:
+    """Rebuild one turn from the raw SSE bytes the upstream sent (as received, unstripped)."""
+    state = _StreamState()
+    events, rest = split_events(raw)
+    if rest.strip():
+        events.append(rest)
+    for ev in events:
+        data = event_data(ev)
+        if data is None:
+            continue
+        if data.strip() == b"[DONE]":
+            state.out.saw_done = True
+            continue
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            state.chunk(obj)
+    return state.finish()
+
+
+def assemble_json(raw: bytes) -> Assembled:
+    """Rebuild one turn from a non-streamed chat completion body."""
+    state = _StreamState()
+    out = state.out
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        out.error = "upstream returned a body that is not JSON"
+        return state.finish()
+    if not isinstance(obj, dict):
+        return state.finish()
+    if "error" in obj and not obj.get("choices"):
+        err = obj["error"]
+        out.error = err.get("message") if isinstance(err, dict) else str(err)
+        return state.finish()
+    out.response_id = obj.get("id")
+    out.model = obj.get("model")
+    state._versions(obj)
+    if isinstance(obj.get("usage"), dict):
+        out.usage = obj["usage"]
+    if isinstance(obj.get("prompt_token_ids"), list):
+        out.prompt_token_ids = obj["prompt_token_ids"]
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        msg = dict(choice.get("message") or {})
+        # A full message has the same fields as a delta; tool calls come whole, keyed by position.
+        calls = msg.pop("tool_calls", None) or []
+        state._delta(msg)
+        for i, tc in enumerate(calls):
+            if isinstance(tc, dict):
+                state._delta({"tool_calls": [{"index": i, **tc}]})
+        out.finish_reason = choice.get("finish_reason")
+        state._tokens(choice)
+    return state.finish()

@@ -1,0 +1,84 @@
+"""Proxy fixtures: a real fake upstream and the real proxy, both on loopback, and a real client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from clawproxy.config import Config, load_config
+from clawproxy.proxy import create_app
+from clawproxy.store import Store
+from tests.clawproxy.fake_upstream import FakeUpstream
+
+
+class ProxyRig:
+    """Fake upstream + proxy + client session, with helpers to wait for the recorder."""
+
+    def __init__(self, fake: FakeUpstream, upstream_url: str, proxy_url: str, cfg: Config,
+                 client: aiohttp.ClientSession, app: Any):
+        self.fake, self.upstream_url, self.url, self.cfg = fake, upstream_url, proxy_url, cfg
+        self.client, self.app = client, app
+
+    async def stats(self) -> dict[str, Any]:
+        async with self.client.get(self.url + "/clawproxy/stats") as r:
+            return await r.json()
+
+    async def wait_recorded(self, n: int, timeout: float = 10.0) -> None:
+        """Until the recorder has written ``n`` turns in total (and its queue is empty)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = await self.stats()
+            if s["turns_recorded"] >= n and s["queue_depth"] == 0:
+                await asyncio.sleep(0.05)  # the batch that contained it has committed
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"recorder did not write {n} turns in {timeout}s: {await self.stats()}")
+
+    def store(self) -> Store:
+        return Store(self.cfg.db_path)
+
+    def turns(self) -> list[dict[str, Any]]:
+        s = self.store()
+        try:
+            return s.query("SELECT * FROM turns ORDER BY id")
+        finally:
+            s.close()
+
+    async def chat(self, body: dict[str, Any], headers: dict[str, str] | None = None,
+                   ) -> tuple[int, dict[str, str], bytes]:
+        async with self.client.post(self.url + "/v1/chat/completions", json=body,
+                                    headers=headers or {}) as r:
+            return r.status, dict(r.headers), await r.read()
+
+
+@pytest.fixture
+async def make_rig(aiohttp_server, tmp_path) -> Callable[..., Any]:
+    """``await make_rig(**config_overrides)`` -> ProxyRig. upstream_ready may be passed."""
+    clients: list[aiohttp.ClientSession] = []
+
+    async def factory(upstream_ready: Callable[[], bool] | None = None, upstream: str | None = None,
+                      **overrides: Any) -> ProxyRig:
+        fake = FakeUpstream()
+        up = await aiohttp_server(fake.app())
+        up_url = upstream or str(up.make_url("")).rstrip("/")
+        cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": up_url,
+                                 **overrides})
+        app = create_app(cfg, upstream_ready=upstream_ready)
+        srv = await aiohttp_server(app)
+        client = aiohttp.ClientSession()
+        clients.append(client)
+        return ProxyRig(fake, up_url, str(srv.make_url("")).rstrip("/"), cfg, client, app)
+
+    yield factory
+    for c in clients:
+        await c.close()
+
+
+@pytest.fixture
+async def rig(make_rig) -> ProxyRig:
+    return await make_rig()

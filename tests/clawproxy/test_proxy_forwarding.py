@@ -1,0 +1,95 @@
+"""Forwarding: SSE passed through event for event, non-stream bodies, other /v1 paths, headers."""
+
+from __future__ import annotations
+
+import orjson
+
+from clawproxy.proxy.sse import event_data, split_events
+
+CTX_MSG = {"role": "user", "content": [{"type": "text", "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nx\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"}]}
+
+
+def _events(raw: bytes) -> list[bytes]:
+    events, rest = split_events(raw)
+    assert rest == b""
+    return events
+
+
+def _body(text: str = "hello", **kw):
+    return {"model": "fake-model", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": text}, CTX_MSG],
+            **kw}
+
+
+async def test_stream_passthrough_strips_only_what_we_added(rig):
+    status, headers, raw = await rig.chat(_body(), {"Authorization": "Bearer sk-secret", "x-fake-chunks": "5"})
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    # The upstream was asked for token ids and log-probs ...
+    sent = rig.fake.received[-1]
+    assert sent.body["logprobs"] is True and sent.body["return_token_ids"] is True
+    assert sent.headers["Authorization"] == "Bearer sk-secret"
+    # ... and the client gets exactly what the upstream sends to a client that did not ask.
+    expected = rig.fake.events(_body(), rig.fake.build_chunks(_body(), "text", 5))
+    got = _events(raw)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        gd, ed = event_data(g), event_data(e)
+        if gd == b"[DONE]":
+            assert ed == b"[DONE]"
+            continue
+        assert orjson.loads(gd) == orjson.loads(ed)
+    assert b"token_ids" not in raw and b'"logprob"' not in raw
+
+
+async def test_untouched_events_are_byte_identical(rig):
+    # The client asked for log-probs and token ids itself: nothing is stripped, bytes are identical.
+    body = _body(logprobs=True, return_token_ids=True)
+    status, _, raw = await rig.chat(body, {"x-fake-chunks": "3"})
+    assert status == 200
+    assert raw == b"".join(rig.fake.events(body, rig.fake.build_chunks(body, "text", 3)))
+
+
+async def test_record_tokens_off_passes_bytes_through(make_rig):
+    rig = await make_rig(**{"proxy.record_tokens": False})
+    body = _body()
+    _, _, raw = await rig.chat(body)
+    assert "logprobs" not in rig.fake.received[-1].body
+    assert raw == b"".join(rig.fake.events(body, rig.fake.build_chunks(body, "text", 4)))
+
+
+async def test_non_stream_strips_added_fields_and_keeps_weight_version(rig):
+    body = _body(stream=False)
+    status, headers, raw = await rig.chat(body)
+    assert status == 200
+    obj = orjson.loads(raw)
+    assert "prompt_token_ids" not in obj and "token_ids" not in obj["choices"][0]
+    assert obj["choices"][0]["logprobs"] is None
+    assert obj["weight_version"] == 7 and headers["x-weight-version"] == "7"
+    assert obj["choices"][0]["message"]["content"].startswith("pong: hello")
+
+
+async def test_gzip_upstream_is_decoded(rig):
+    for stream in (True, False):
+        status, headers, raw = await rig.chat(_body(stream=stream), {"x-fake-gzip": "1"})
+        assert status == 200
+        assert "Content-Encoding" not in headers
+        assert b"pong: hello" in raw
+
+
+async def test_models_and_other_paths(rig):
+    async with rig.client.get(rig.url + "/v1/models") as r:
+        assert r.status == 200
+        data = await r.json()
+        assert data["data"][0]["max_model_len"] == 8192
+    async with rig.client.post(rig.url + "/v1/embeddings", json={"input": "x", "model": "m"}) as r:
+        assert r.status == 200 and (await r.json())["data"][0]["embedding"] == [0.1, 0.2, 0.3]
+    async with rig.client.put(rig.url + "/v1/echo/a%2Fb?q=1&r=%20", data=b"raw body",
+                              headers={"Connection": "keep-alive, x-drop", "x-drop": "1",
+                                       "x-keep": "2"}) as r:
+        echo = await r.json()
+        assert echo["method"] == "PUT" and echo["path"] == "/v1/echo/a%2Fb?q=1&r=%20"
+        assert echo["body"] == "raw body"
+        assert echo["headers"].get("x-keep") == "2" and "x-drop" not in echo["headers"]
+    async with rig.client.get(rig.url + "/nope") as r:
+        assert r.status == 404

@@ -1,0 +1,68 @@
+"""Recording: what lands in the store for streamed and non-streamed turns."""
+
+from __future__ import annotations
+
+from tests.clawproxy.test_proxy_forwarding import CTX_MSG, _body
+
+
+async def test_stream_turn_recorded_with_tokens(rig):
+    headers = {"Authorization": "Bearer sk-very-secret", "session_id": "s1:0", "x-fake-chunks": "3"}
+    status, _, _ = await rig.chat(_body("hi there"), headers)
+    assert status == 200
+    await rig.wait_recorded(1)
+    [t] = rig.turns()
+    assert t["session_id"] == "s1" and t["compaction"] == 0
+    assert t["status"] == "ok" and t["http_status"] == 200 and t["stream"] == 1
+    assert t["kind"] == "main" and t["reason"] == "pending" and t["trainable"] == 0
+    assert t["response_text"] == "pong: hi there part1 part2"
+    assert t["finish_reason"] == "stop"
+    assert t["completion_token_ids"] == [100, 101, 102]
+    assert t["completion_logprobs"] == [-0.25, -0.25, -0.25]
+    assert t["prompt_token_ids"] == [1, 2, 3, 3]
+    assert t["weight_version"] == 7 and t["weight_versions"] == [7]
+    assert t["usage"]["total_tokens"] == 15
+    assert t["request_messages"][-1] == CTX_MSG  # exactly as sent, transient context included
+    assert "logprobs" not in t["request_params"]  # the client's params, not ours
+    assert t["ttft_ms"] > 0 and t["total_ms"] >= t["ttft_ms"]
+    # Credentials are forwarded, never stored.
+    for p in rig.cfg.data_path.iterdir():
+        assert b"sk-very-secret" not in p.read_bytes(), p
+
+
+async def test_tool_calls_and_reasoning_reassembled(rig):
+    await rig.chat(_body("read it"), {"x-session-id": "s2", "x-fake-mode": "tool"})
+    await rig.chat(_body("think"), {"x-session-id": "s3", "x-fake-mode": "reasoning"})
+    await rig.wait_recorded(2)
+    tool, reason = rig.turns()
+    assert tool["response_tool_calls"] == [{"id": "call_fake1", "type": "function", "function": {
+        "name": "read", "arguments": '{"path": "hello.txt"}'}}]
+    assert tool["finish_reason"] == "tool_calls" and tool["response_text"] is None
+    assert reason["response_reasoning"] == "Let me think. Done thinking."
+    assert reason["response_text"].startswith("pong: think")
+
+
+async def test_non_stream_turn_recorded(rig):
+    await rig.chat(_body("plain", stream=False), {"x-session-id": "s4", "x-fake-mode": "tool"})
+    await rig.wait_recorded(1)
+    [t] = rig.turns()
+    assert t["stream"] == 0 and t["status"] == "ok"
+    assert t["response_tool_calls"][0]["function"]["name"] == "read"
+    assert t["completion_token_ids"] == [100, 101, 102]
+    assert t["prompt_token_ids"] == [1, 2, 3] and t["weight_version"] == 7
+
+
+async def test_weight_version_falls_back_to_header_then_store(rig):
+    rig.fake.weight_version = None
+    await rig.chat(_body("no version"), {"x-session-id": "s5"})
+    await rig.wait_recorded(1)
+    [t] = rig.turns()
+    assert t["weight_version"] == 0  # no checkpoint published yet
+
+
+async def test_truncated_and_degenerate_not_trainable(rig):
+    await rig.chat(_body("a"), {"x-session-id": "t1", "x-fake-mode": "length"})
+    await rig.chat(_body("b"), {"x-session-id": "t2", "x-fake-mode": "degenerate"})
+    await rig.wait_recorded(2)
+    a, b = rig.turns()
+    assert (a["reason"], a["trainable"]) == ("truncated", 0)
+    assert (b["reason"], b["trainable"]) == ("degenerate", 0)
