@@ -63,6 +63,7 @@ class FakeUpstream:
     disconnects: int = 0
     completed: int = 0
     record: bool = True
+    raw_sse: bytes | None = None  # when set, streamed verbatim (e.g. a recorded OpenClaw sample)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -123,6 +124,13 @@ class FakeUpstream:
                 data = _gzip(data)
             self.completed += 1
             return web.Response(body=data, content_type="application/json", headers=headers)
+        if self.raw_sse is not None:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for ev in self.raw_sse.split(b"\n\n")[:-1]:
+                await resp.write(ev + b"\n\n")
+            await resp.write_eof()
+            return resp
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", **headers})
         if gzip:
