@@ -100,7 +100,7 @@ def parse_capture(cap: Capture) -> dict[str, Any]:
 class Recorder:
     """Bounded queue + owned drain task + single worker thread + spool. See the module docstring."""
 
-    def __init__(self, cfg: Config, *, reopen_interval_s: float = 5.0, finalize_interval_s: float | None = None):
+    def __init__(self, cfg: Config, *, reopen_interval_s: float = 2.0, finalize_interval_s: float | None = None):
         self.cfg = cfg
         self.data_dir = cfg.data_path
         self.spool_path = self.data_dir / "spool.jsonl"

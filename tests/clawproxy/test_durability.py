@@ -1,0 +1,117 @@
+"""Durability: the store failing (spool + replay) and the proxy process being SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from clawproxy.store import Store
+from tests.clawproxy.fake_upstream import FakeUpstream
+from tests.clawproxy.test_errors import _free_port
+from tests.clawproxy.test_proxy_forwarding import _body
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_store_down_spools_then_replays(make_rig, tmp_path):
+    db_dir = tmp_path / "data" / "clawproxy.db"
+    db_dir.mkdir(parents=True)  # a directory where the database should be: the store cannot open
+    rig = await make_rig()
+    status, _, _ = await rig.chat(_body("while broken"), {"x-session-id": "sp"})
+    assert status == 200  # the user's request does not care
+    for _ in range(100):
+        s = await rig.stats()
+        if s["spool_records"] == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert s["store_ok"] is False and s["spool_records"] == 1, s
+    spool = tmp_path / "data" / "spool.jsonl"
+    assert spool.exists() and oct(spool.stat().st_mode & 0o777) == "0o600"
+    assert b"while broken" in spool.read_bytes()
+
+    shutil.rmtree(db_dir)  # the store works again
+    await asyncio.sleep(2.1)  # the recorder retries opening it at most every 2 s
+    await rig.chat(_body("after repair"), {"x-session-id": "sp"})
+    await rig.wait_recorded(2)
+    st = Store(tmp_path / "data" / "clawproxy.db")
+    try:
+        rows = st.query("SELECT session_id, response_text, turn_index FROM turns ORDER BY turn_index")
+    finally:
+        st.close()
+    assert [r["response_text"] for r in rows] == ["pong: while broken part1 part2 part3",
+                                                  "pong: after repair part1 part2 part3"]
+    assert not spool.exists() or not spool.read_bytes().strip()
+    assert (await rig.stats())["spool_records"] == 0
+
+
+async def test_spool_replayed_on_next_start(make_rig, tmp_path):
+    db_dir = tmp_path / "data" / "clawproxy.db"
+    db_dir.mkdir(parents=True)
+    rig = await make_rig()
+    await rig.chat(_body("spooled"), {"x-session-id": "sp2"})
+    for _ in range(100):
+        if (await rig.stats())["spool_records"] == 1:
+            break
+        await asyncio.sleep(0.05)
+    await rig.app.shutdown()
+    await rig.app.cleanup()
+    shutil.rmtree(db_dir)
+    rig2 = await make_rig()  # same data dir: the spool is replayed at start
+    assert (await rig2.stats())["spool_records"] == 0
+    assert [t["response_text"] for t in rig2.turns()] == ["pong: spooled part1 part2 part3"]
+
+
+async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
+    fake = FakeUpstream()
+    up = await aiohttp_server(fake.app())
+    port = _free_port()
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clawproxy.proxy", "--upstream", str(up.make_url("")).rstrip("/"),
+         "--port", str(port), "--data-dir", str(data), "--log-level", "WARNING"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with client.get(base + "/clawproxy/health") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
+                await asyncio.sleep(0.1)
+            async with client.post(base + "/v1/chat/completions", json=_body("remember me"),
+                                   headers={"session_id": "kill:0"}) as r:
+                assert r.status == 200
+                assert b"pong: remember me" in await r.read()
+            for _ in range(100):
+                async with client.get(base + "/clawproxy/stats") as r:
+                    if (await r.json())["turns_recorded"] == 1:
+                        break
+                await asyncio.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    st = Store(data / "clawproxy.db")
+    try:
+        [t] = st.query("SELECT * FROM turns")
+        assert t["session_id"] == "kill" and t["response_text"].startswith("pong: remember me")
+        assert oct(data.stat().st_mode & 0o777) == "0o700"
+        assert oct((data / "clawproxy.db").stat().st_mode & 0o777) == "0o600"
+    finally:
+        st.close()
