@@ -1,19 +1,342 @@
-"""`clawproxy sessions list|show|export|delete` and `clawproxy openclaw-config`."""
+"""`clawproxy sessions list|show|export|delete` and `clawproxy openclaw-config`.
+
+Reads the store directly (SQLite WAL allows it while `clawproxy start` is writing). Imports only
+light modules: this runs on every `clawproxy` invocation.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import click
 
+from clawproxy.store import Store
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+CTX = {"help_option_names": ["-h", "--help"]}
+
+
+def _options(f):
+    f = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+                     help="YAML config file (default: configs/default.yaml).")(f)
+    f = click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")(f)
+    return f
+
+
+def _config(config_path: str | None, data_dir: str | None, **overrides: Any):
+    from clawproxy.cli import build_config  # late: clawproxy.cli imports this module
+
+    return build_config(config_path, data_dir=data_dir, **overrides)
+
+
+@contextmanager
+def _open_store(config_path: str | None, data_dir: str | None) -> Iterator[Store]:
+    cfg = _config(config_path, data_dir)
+    if not cfg.db_path.exists():
+        raise click.ClickException(
+            f"no store at {cfg.db_path}; run `clawproxy start` first or pass --data-dir."
+        )
+    from clawproxy.errors import ClawproxyError
+
+    try:
+        store = Store(cfg.db_path)
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _ts(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _iso(t: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z" if t else None
+
+
+def _resolve(store: Store, sid: str) -> str:
+    """An exact session id, or a unique prefix of one."""
+    if store.query_one("SELECT 1 FROM sessions WHERE id=?", (sid,)):
+        return sid
+    rows = store.query("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 3",
+                       (sid.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",))
+    if len(rows) == 1:
+        return rows[0]["id"]
+    if not rows:
+        raise click.ClickException(f"no session {sid!r}; `clawproxy sessions` lists them.")
+    raise click.ClickException(f"{sid!r} matches several sessions; give more of the id.")
+
+
+def _text(msg: dict[str, Any] | None) -> str:
+    if not msg:
+        return ""
+    c = msg.get("content")
+    if isinstance(c, list):
+        c = "\n".join(p.get("text", "") for p in c if isinstance(p, dict))
+    text = c if isinstance(c, str) else ""
+    for tc in msg.get("tool_calls") or ():
+        fn = tc.get("function") or {}
+        text += f" [{fn.get('name')}({fn.get('arguments', '')})]"
+    return text
+
+
+def _short(s: str | None, n: int = 80) -> str:
+    s = " ".join((s or "").split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+# -- sessions ------------------------------------------------------------------------------------
+@click.group(invoke_without_command=True, context_settings=CTX)
+@click.option("-n", "--limit", type=int, default=20, show_default=True, help="Most recent N sessions.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@_options
 @click.pass_context
-def sessions(ctx: click.Context) -> None:
+def sessions(ctx: click.Context, limit: int, as_json: bool, config_path: str | None,
+             data_dir: str | None) -> None:
     """Inspect what was collected (alone: list sessions)."""
     if ctx.invoked_subcommand is None:
-        click.echo("not implemented yet")
+        ctx.invoke(list_sessions, limit=limit, as_json=as_json, config_path=config_path,
+                   data_dir=data_dir)
 
 
-@click.command("openclaw-config", context_settings={"help_option_names": ["-h", "--help"]})
-def openclaw_config() -> None:
+@sessions.command("list", context_settings=CTX)
+@click.option("-n", "--limit", type=int, default=20, show_default=True, help="Most recent N sessions.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@_options
+def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: str | None) -> None:
+    """Sessions, most recent first: turns, trainable turns, mean judge score."""
+    with _open_store(config_path, data_dir) as store:
+        rows = store.list_sessions(limit if limit and limit > 0 else None)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} session(s)", title_justify="left")
+    for col, kw in (("session", {"overflow": "fold"}), ("source", {}), ("first seen", {}),
+                    ("last seen", {}), ("main", {"justify": "right"}), ("side", {"justify": "right"}),
+                    ("trainable", {"justify": "right"}), ("score", {"justify": "right"}),
+                    ("state", {})):
+        table.add_column(col, **kw)
+    for r in rows:
+        score = (f"{r['mean_score']:+.2f} ({r['judged_turns']})"
+                 if r.get("mean_score") is not None else "-")
+        table.add_row(r["id"], r["source"], _ts(r["first_seen"]), _ts(r["last_seen"]),
+                      str(r["main_turns"] or 0), str(r["side_turns"] or 0),
+                      str(r["trainable_turns"] or 0), score,
+                      "finalized" if r.get("finalized_at") else "open")
+    Console().print(table)
+
+
+@sessions.command("show", context_settings=CTX)
+@click.argument("session_id")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@_options
+def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str | None) -> None:
+    """One session's turns: kind, trainable reason, response and next state."""
+    with _open_store(config_path, data_dir) as store:
+        sid = _resolve(store, session_id)
+        sess = store.query_one("SELECT * FROM sessions WHERE id=?", (sid,))
+        turns = store.session_turns(sid)
+    if as_json:
+        click.echo(json.dumps({"session": sess, "turns": turns}, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (f"session {sid}  ({sess['source']}, {sess.get('session_key') or 'no key'}, "
+             f"first {_ts(sess['first_seen'])}, last {_ts(sess['last_seen'])})")
+    table = Table(title=title, title_justify="left", show_lines=True)
+    for col in ("#", "time", "kind", "status", "finish", "trainable", "user", "response",
+                "next state", "score"):
+        table.add_column(col, overflow="fold")
+    for t in turns:
+        msgs = [m for m in (t.get("request_messages") or []) if isinstance(m, dict)]
+        users = [m for m in msgs if m.get("role") in ("user", "tool")
+                 and not _text(m).lstrip().startswith("<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>")]
+        resp = t.get("response_text") or ""
+        for tc in t.get("response_tool_calls") or ():
+            fn = tc.get("function") or {}
+            resp += f" [{fn.get('name')}({fn.get('arguments', '')})]"
+        ns = t.get("next_state") or []
+        ns_txt = f"{t.get('next_state_role')}: " + " | ".join(_short(_text(m), 60) for m in ns) if ns else "-"
+        kind = t["kind"] + (f"/{t['side_kind']}" if t.get("side_kind") else "")
+        table.add_row(str(t.get("turn_index")), _ts(t["created_at"]), kind,
+                      f"{t['status']} {t.get('http_status') or ''}".strip(), t.get("finish_reason") or "-",
+                      ("yes" if t["trainable"] else "no") + f" ({t.get('reason')})",
+                      _short(_text(users[-1]) if users else "", 60), _short(resp, 80), ns_txt,
+                      str(t["judge_score"]) if t.get("judge_score") is not None else "-")
+    Console().print(table)
+
+
+def prompt_text(messages: list[Any] | None) -> str:
+    """A plain rendering of the prompt (the exact tokens are in prompt_token_ids)."""
+    out = []
+    for m in messages or []:
+        if isinstance(m, dict):
+            out.append(f"<|{m.get('role', '?')}|>\n{_text(m)}")
+    return "\n".join(out)
+
+
+def export_record(t: dict[str, Any]) -> dict[str, Any]:
+    """One turn in the published JSONL shape plus our fields."""
+    return {
+        "session_id": t["session_id"],
+        "turn": t.get("turn_index"),
+        "timestamp": _iso(t["created_at"]),
+        "messages": t.get("request_messages"),
+        "prompt_text": prompt_text(t.get("request_messages")),
+        "response_text": t.get("response_text"),
+        "tool_calls": t.get("response_tool_calls"),
+        "next_state": t.get("next_state"),
+        "next_state_role": t.get("next_state_role"),
+        "turn_id": t["id"],
+        "request_id": t["request_id"],
+        "kind": t["kind"],
+        "side_kind": t.get("side_kind"),
+        "status": t["status"],
+        "http_status": t.get("http_status"),
+        "trainable": bool(t["trainable"]),
+        "reason": t.get("reason"),
+        "finish_reason": t.get("finish_reason"),
+        "reasoning": t.get("response_reasoning"),
+        "model": t.get("model"),
+        "tools": t.get("request_tools"),
+        "params": t.get("request_params"),
+        "compaction": t.get("compaction"),
+        "usage": t.get("usage"),
+        "weight_version": t.get("weight_version"),
+        "weight_versions": t.get("weight_versions"),
+        "prompt_token_ids": t.get("prompt_token_ids"),
+        "completion_token_ids": t.get("completion_token_ids"),
+        "completion_logprobs": t.get("completion_logprobs"),
+        "ttft_ms": t.get("ttft_ms"),
+        "total_ms": t.get("total_ms"),
+        "judge_score": t.get("judge_score"),
+        "judge_hint": t.get("judge_hint"),
+    }
+
+
+@sessions.command("export", context_settings=CTX)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write here instead of stdout.")
+@click.option("--session", "session_id", default=None, help="Only this session.")
+@_options
+def export(out_path: str | None, session_id: str | None, config_path: str | None,
+           data_dir: str | None) -> None:
+    """JSONL, one line per turn: session_id, turn, timestamp, messages, prompt_text, response_text,
+    tool_calls, next_state, plus kind, trainable, reason, token ids, log-probs, judge score..."""
+    import orjson
+
+    n = 0
+    with _open_store(config_path, data_dir) as store:
+        where, params = "", []
+        if session_id:
+            where, params = "WHERE t.session_id=?", [_resolve(store, session_id)]
+        out = open(out_path, "wb") if out_path else sys.stdout.buffer  # noqa: SIM115
+        try:
+            last = 0
+            while True:  # in pages: a store can hold more turns than we want in memory
+                rows = store.query(
+                    "SELECT t.*, j.score AS judge_score, j.hint AS judge_hint FROM turns t "
+                    "LEFT JOIN judgments j ON j.turn_id = t.id "
+                    + (where + " AND" if where else "WHERE") + " t.id > ? ORDER BY t.id LIMIT 500",
+                    [*params, last],
+                )
+                if not rows:
+                    break
+                for t in rows:
+                    out.write(orjson.dumps(export_record(t)) + b"\n")
+                    n += 1
+                last = rows[-1]["id"]
+        finally:
+            if out_path:
+                out.close()
+            else:
+                out.flush()
+    if out_path:
+        click.echo(f"exported {n} turn(s) to {out_path}", err=True)
+
+
+@sessions.command("delete", context_settings=CTX)
+@click.argument("session_id", required=False)
+@click.option("--all", "delete_all", is_flag=True, help="Delete every session and turn.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_options
+def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str | None,
+           data_dir: str | None) -> None:
+    """Delete a session (or --all) with its turns and judgments, overwriting the freed pages."""
+    if bool(session_id) == bool(delete_all):
+        raise click.UsageError("give a SESSION_ID or --all (not both).")
+    with _open_store(config_path, data_dir) as store:
+        sid = _resolve(store, session_id) if session_id else None
+        what = f"session {sid}" if sid else "ALL sessions and turns"
+        if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
+            raise click.Abort()
+        store.execute("PRAGMA secure_delete=ON")
+        n = store.delete_session(sid) if sid else store.delete_all()
+        if sid:
+            store.execute("VACUUM")
+        store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    click.echo(f"deleted {what} ({n} turn(s))")
+
+
+# -- openclaw-config -------------------------------------------------------------------------------
+def openclaw_block(base_url: str, model_id: str, api_key: str, context_window: int,
+                   max_tokens: int) -> dict[str, Any]:
+    """The openclaw.json fragment (WIRE.md §1.3) that routes OpenClaw through the proxy."""
+    return {
+        "agents": {"defaults": {"model": {"primary": f"clawproxy/{model_id}"}}},
+        "models": {
+            "mode": "merge",
+            "providers": {
+                "clawproxy": {
+                    "baseUrl": base_url,
+                    "apiKey": api_key,
+                    "api": "openai-completions",
+                    "timeoutSeconds": 300,
+                    "models": [{
+                        "id": model_id,
+                        "name": f"{model_id} via clawproxy",
+                        "reasoning": False,
+                        "input": ["text"],
+                        "contextWindow": context_window,
+                        "maxTokens": max_tokens,
+                        # session_id / x-session-affinity headers: exact session identity.
+                        "compat": {"sendSessionAffinityHeaders": True},
+                    }],
+                }
+            },
+        },
+    }
+
+
+@click.command("openclaw-config", context_settings=CTX)
+@click.option("--port", type=int, default=None, help="Proxy port (default: proxy.port).")
+@click.option("--host", default=None, help="Host OpenClaw reaches the proxy on (default: proxy.host).")
+@click.option("--model-id", default=None, help="Model id OpenClaw sends (default: the served model).")
+@click.option("--api-key", default="sk-clawproxy", show_default=True,
+              help="Sent as Authorization and forwarded to the upstream.")
+@_options
+def openclaw_config(port: int | None, host: str | None, model_id: str | None, api_key: str,
+                    config_path: str | None, data_dir: str | None) -> None:
     """Print the openclaw.json provider block that points OpenClaw at this proxy."""
-    click.echo("not implemented yet")
+    cfg = _config(config_path, data_dir, **{"proxy.port": port})
+    h = host or cfg.proxy.host
+    if h in ("0.0.0.0", "::", ""):
+        h = "127.0.0.1"
+    if ":" in h and not h.startswith("["):
+        h = f"[{h}]"
+    mid = model_id or cfg.engine.served_model_name or cfg.engine.model
+    block = openclaw_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key,
+                           cfg.engine.max_model_len, cfg.engine.default_max_tokens)
+    click.echo("// merge into ~/.openclaw/openclaw.json (JSON5); OpenClaw hot-reloads providers",
+               err=True)
+    click.echo(json.dumps(block, indent=2))

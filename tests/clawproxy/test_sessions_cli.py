@@ -1,0 +1,93 @@
+"""`clawproxy sessions list|show|export|delete` and `openclaw-config` on a store the proxy filled."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from clawproxy.cli import main
+from tests.clawproxy.test_proxy_forwarding import CTX_MSG
+
+
+@pytest.fixture
+async def filled(rig):
+    """Two sessions: one with a linked (trainable) turn and a pending one, and a heartbeat."""
+    m1 = [{"role": "system", "content": "s"}, {"role": "user", "content": "what is 2+2"}, CTX_MSG]
+    await rig.chat({"model": "m", "stream": True, "messages": m1}, {"session_id": "alpha:0"})
+    m2 = [*m1[:2], {"role": "assistant", "content": "pong"}, {"role": "user", "content": "thanks, SECRETWORD"}, CTX_MSG]
+    await rig.chat({"model": "m", "stream": True, "messages": m2}, {"session_id": "alpha:0"})
+    hb = [{"role": "user", "content": "Follow the heartbeat monitor scratch context when provided."}, CTX_MSG]
+    await rig.chat({"model": "m", "stream": True, "messages": hb}, {"session_id": "beta:0"})
+    await rig.wait_recorded(3)
+    return rig
+
+
+def _run(args, data_dir, input=None):
+    r = CliRunner().invoke(main, [*args, "--data-dir", str(data_dir)], input=input,
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+async def test_list_show_export(filled, tmp_path):
+    d = filled.cfg.data_dir
+    out = _run(["sessions"], d)
+    assert "alpha" in out and "beta" in out
+    rows = json.loads(_run(["sessions", "list", "--json", "-n", "5"], d))
+    by = {r["id"]: r for r in rows}
+    assert by["alpha"]["main_turns"] == 2 and by["alpha"]["trainable_turns"] == 1
+    assert by["beta"]["side_turns"] == 1 and by["beta"]["main_turns"] == 0
+    assert len(json.loads(_run(["sessions", "--json", "-n", "1"], d))) == 1
+    shown = _run(["sessions", "show", "alph"], d)  # unique prefix
+    assert "ok" in shown and "thanks" in shown and "pending" in shown
+    data = json.loads(_run(["sessions", "show", "alpha", "--json"], d))
+    assert [t["reason"] for t in data["turns"]] == ["ok", "pending"]
+
+    out_file = tmp_path / "turns.jsonl"
+    _run(["sessions", "export", "--out", str(out_file)], d)
+    lines = [json.loads(x) for x in out_file.read_text().splitlines()]
+    assert len(lines) == 3
+    first = lines[0]
+    for key in ("session_id", "turn", "timestamp", "messages", "prompt_text", "response_text",
+                "tool_calls", "next_state", "kind", "trainable", "reason", "completion_token_ids",
+                "completion_logprobs", "weight_version"):
+        assert key in first, key
+    assert first["session_id"] == "alpha" and first["turn"] == 0 and first["trainable"] is True
+    assert first["next_state"] == [{"role": "user", "content": "thanks, SECRETWORD"}]
+    assert "<|user|>\nwhat is 2+2" in first["prompt_text"]
+    assert first["completion_token_ids"] and first["timestamp"].endswith("Z")
+    stdout = _run(["sessions", "export", "--session", "beta"], d)
+    assert [json.loads(x)["kind"] for x in stdout.splitlines()] == ["side"]
+
+
+async def test_delete_removes_data_for_real(filled):
+    d = filled.cfg.data_dir
+    r = CliRunner().invoke(main, ["sessions", "delete", "alpha", "--data-dir", str(d)], input="n\n")
+    assert r.exit_code != 0  # declined
+    assert len(json.loads(_run(["sessions", "--json"], d))) == 2
+    # Stop the proxy's recorder so nothing holds the database open, as after `clawproxy start` exits.
+    await filled.app.shutdown()
+    await filled.app.cleanup()
+    _run(["sessions", "delete", "alpha", "--yes"], d)
+    assert [r["id"] for r in json.loads(_run(["sessions", "--json"], d))] == ["beta"]
+    for p in filled.cfg.data_path.iterdir():
+        assert b"SECRETWORD" not in p.read_bytes(), p
+    _run(["sessions", "delete", "--all"], d, input="y\n")
+    assert json.loads(_run(["sessions", "--json"], d)) == []
+
+
+def test_missing_store_is_a_clear_error(tmp_path):
+    r = CliRunner().invoke(main, ["sessions", "--data-dir", str(tmp_path / "none")])
+    assert r.exit_code != 0 and "no store" in r.output
+
+
+def test_openclaw_config(tmp_path):
+    r = CliRunner().invoke(main, ["openclaw-config", "--port", "9123"])
+    assert r.exit_code == 0, r.output
+    block = json.loads(r.stdout)
+    prov = block["models"]["providers"]["clawproxy"]
+    assert prov["baseUrl"] == "http://127.0.0.1:9123/v1" and prov["api"] == "openai-completions"
+    assert prov["models"][0]["compat"] == {"sendSessionAffinityHeaders": True}
+    assert block["agents"]["defaults"]["model"]["primary"] == f"clawproxy/{prov['models'][0]['id']}"
