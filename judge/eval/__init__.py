@@ -1,0 +1,1 @@
+"""The judge's labeled evaluation set and the code that scores voters on it."""

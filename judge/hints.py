@@ -1,0 +1,51 @@
+"""OPD hints: what the response should have done, taken from the feedback itself.
+
+On-policy distillation conditions a teacher on a hint and distils the difference back into the
+policy, so a hint must be actionable and short (1–3 sentences). The LLM voter writes its own; the
+CPU voters quote the user's corrective reply (the user already said what they wanted) or the
+tool's error, with one sentence that tells the model to follow it. A bare "useless" or "👎" says
+nothing about what to do instead, so it yields no hint.
+"""
+
+from __future__ import annotations
+
+from judge.extract import JudgeInput
+from judge.lexical import Cues, cues
+
+MAX_QUOTE = 240
+
+
+def _quote(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > MAX_QUOTE:
+        text = text[: MAX_QUOTE - 1].rstrip() + "…"
+    return text.replace("'", "’")
+
+
+def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
+    """A hint for a turn judged -1, or None when the next state carries no corrective content."""
+    text = inp.next_state.strip()
+    if not text:
+        return None
+    if inp.role == "tool":
+        first = next((line for line in text.splitlines() if line.strip()), text)
+        for line in text.splitlines():
+            low = line.lower()
+            if "error" in low or "not found" in low or "denied" in low or "failed" in low:
+                first = line
+                break
+        return (
+            f"The tool call failed with: '{_quote(first)}'. "
+            "Check the tool name, path and arguments against the request before calling it."
+        )
+    c = c or cues(text, inp.request)
+    if c.words < 3 and not (c.correction or c.redo):
+        return None
+    said = _quote(text)
+    if c.redo:
+        return f"The user asked for a different version: '{said}'. Write the response that way."
+    if c.correction:
+        return f"The user corrected the response: '{said}'. Give the corrected answer."
+    if c.overlap >= 0.5:
+        return f"The user had to repeat the request: '{said}'. Answer exactly that, directly."
+    return f"The user replied: '{said}'. Follow that."

@@ -1,0 +1,266 @@
+"""Voters and the majority vote.
+
+A voter turns one ``JudgeInput`` into a ``Vote``: a score in {+1, 0, -1} or None for a failed vote
+(an exception, a malformed LLM answer), plus an optional OPD hint and the raw output kept for the
+record. ``majority`` combines m votes. Three voters exist:
+
+- ``embedding`` (CPU default): bagged logistic heads over sentence embeddings + lexical cues.
+- ``llm``: any OpenAI-compatible chat endpoint (the engine by default), sampled at a temperature,
+  answering ``Score: +1|0|-1`` and ``Hint: ...``.
+- ``lexical``: the cue rules alone, kept as a baseline for ``clawproxy judge eval``.
+
+A tool next state is judged by rule in every voter: a tool error is -1, a result is +1 (the user's
+later reaction belongs to the next turn). Rules do not improve with sampling, so those votes agree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from judge.extract import JudgeInput
+from judge.hints import feedback_hint
+from judge.lexical import cues, lexical_score, tool_failed
+
+
+@dataclass
+class Vote:
+    score: int | None  # None: the vote failed
+    hint: str | None = None
+    raw: str | None = None
+    error: str | None = None
+
+
+class Voter(Protocol):
+    name: str
+
+    def vote(self, inp: JudgeInput, idx: int) -> Vote:
+        """Vote number ``idx`` (0..m-1) on one turn."""
+        ...
+
+
+def majority(votes: Sequence[Vote]) -> int:
+    """The most common score among valid votes; a tie for first place or no valid vote gives 0."""
+    counts = Counter(v.score for v in votes if v.score is not None)
+    if not counts:
+        return 0
+    ranked = counts.most_common()
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return 0
+    return int(ranked[0][0])
+
+
+def final_hint(votes: Sequence[Vote], score: int) -> str | None:
+    """The first hint from a vote that agrees with the final score (hints only matter for -1)."""
+    if score != -1:
+        return None
+    for v in votes:
+        if v.score == score and v.hint:
+            return v.hint
+    return None
+
+
+def tool_vote(inp: JudgeInput) -> Vote:
+    if tool_failed(inp.next_state):
+        return Vote(-1, feedback_hint(inp), raw="tool error")
+    return Vote(1, None, raw="tool ok")
+
+
+class LexicalVoter:
+    """Cue rules only: explicit complaint > praise > bare ack > restated request > moving on."""
+
+    name = "lexical"
+
+    def vote(self, inp: JudgeInput, idx: int) -> Vote:
+        if inp.role == "tool":
+            return tool_vote(inp)
+        c = cues(inp.next_state, inp.request)
+        score = lexical_score(c)
+        return Vote(score, feedback_hint(inp, c) if score == -1 else None, raw=f"lexical {c}")
+
+
+class EmbeddingVoter:
+    """The CPU default: vote i asks bagged head i mod K (see judge/embedding.py for why)."""
+
+    name = "embedding"
+
+    def __init__(self, head_path: Any = None) -> None:
+        from judge.embedding import HEAD_PATH, Head, load_encoder
+
+        self.head = Head.load(head_path or HEAD_PATH)
+        load_encoder()
+        self._cache: tuple[tuple[str, str, str], Any] | None = None
+
+    def _features(self, inp: JudgeInput) -> Any:
+        from judge.embedding import features
+
+        key = (inp.request, inp.response, inp.next_state)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, features([inp])[0])
+        return self._cache[1]
+
+    def precompute(self, inputs: list[JudgeInput]) -> Any:
+        """Feature rows for many inputs at once (batched encoding, for evaluation)."""
+        from judge.embedding import features
+
+        return features(inputs)
+
+    def vote_from_features(self, inp: JudgeInput, x: Any, idx: int) -> Vote:
+        if inp.role == "tool":
+            return tool_vote(inp)
+        if not inp.next_state.strip():
+            return Vote(0, None, raw="empty next state")
+        model = idx % self.head.k
+        p = self.head.probs(x, model)
+        score = int(self.head.decide(p)[0]) - 1
+        raw = f"head {model}: p(bad)={p[0]:.3f} p(neutral)={p[1]:.3f} p(good)={p[2]:.3f}"
+        return Vote(score, feedback_hint(inp) if score == -1 else None, raw=raw)
+
+    def vote(self, inp: JudgeInput, idx: int) -> Vote:
+        if inp.role == "tool":
+            return tool_vote(inp)
+        return self.vote_from_features(inp, self._features(inp), idx)
+
+
+# -- LLM voter ---------------------------------------------------------------------------------
+
+SYSTEM_PROMPT = """You judge one turn of a conversation between a user and an AI assistant.
+You see the user's request, the assistant's response, and what happened next: the user's next
+message, or the output of the tool the assistant called. Decide whether what happened next shows
+the response served the user.
+
++1: it did. The user thanks or praises, moves on to a new request, builds on the answer, or the
+    tool ran successfully.
+-1: it did not. The user corrects the response, complains, asks for a redo ("shorter", "more
+    formal"), repeats the request, is sarcastic, or the tool returned an error.
+ 0: ambiguous. A bare "ok", a clarifying question, or a reply that neither approves nor corrects.
+
+Answer in exactly this format and nothing else:
+Score: <+1, 0 or -1>
+Hint: <for -1 with corrective feedback: one to three sentences saying what the response should
+have done; otherwise: none>"""
+
+USER_TEMPLATE = """User request:
+{request}
+
+Assistant response:
+{response}
+
+What happened next ({who}):
+{next_state}"""
+
+_SCORE = re.compile(r"^\W*score\W*[:=]\s*\**\s*([-+−]?\s*[01])(?![\d.])", re.IGNORECASE | re.MULTILINE)
+_HINT = re.compile(r"^\W*hint\W*[:=]\s*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_NO_HINT = {"", "none", "n/a", "na", "-", "null", "no hint", "none."}
+
+
+class MalformedVote(ValueError):
+    """The LLM's answer does not follow the fixed format."""
+
+
+def parse_vote(raw: str) -> tuple[int, str | None]:
+    """Parse ``Score: +1|0|-1`` (exactly one) and an optional ``Hint: ...`` line."""
+    text = _THINK.sub("", raw or "")
+    scores = {int(m.group(1).replace(" ", "").replace("−", "-")) for m in _SCORE.finditer(text)}
+    if len(scores) != 1:
+        raise MalformedVote(f"expected one 'Score: +1|0|-1' line, found {sorted(scores) or 'none'}")
+    score = scores.pop()
+    hint = None
+    m = _HINT.search(text)
+    if m:
+        hint = " ".join(m.group(1).split()).strip().strip('"')
+        if hint.lower().rstrip(".") in _NO_HINT or hint.lower() in _NO_HINT:
+            hint = None
+        elif len(hint) > 600:
+            hint = hint[:599].rstrip() + "…"
+    return score, hint
+
+
+def render_prompt(inp: JudgeInput) -> list[dict[str, str]]:
+    who = "tool output" if inp.role == "tool" else "the user's next message"
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": USER_TEMPLATE.format(
+            request=inp.request[:4000] or "(none)", response=inp.response[:4000] or "(empty)",
+            who=who, next_state=inp.next_state[:4000] or "(empty)")},
+    ]
+
+
+class LLMVoter:
+    """Asks an OpenAI-compatible chat endpoint; a malformed answer or HTTP failure is a failed vote."""
+
+    name = "llm"
+
+    def __init__(self, base_url: str, model: str | None = None, temperature: float = 0.7,
+                 max_tokens: int = 200, timeout_s: float = 120.0, api_key: str | None = None) -> None:
+        base = base_url.rstrip("/")
+        self.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self.api_key = api_key
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        headers = {"content-type": "application/json"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            return json.loads(resp.read())
+
+    def _model_name(self) -> str:
+        if self.model is None:
+            models = self._request("GET", "/v1/models").get("data") or []
+            if not models:
+                raise RuntimeError(f"{self.base_url}/v1/models lists no model; set judge.llm_model")
+            self.model = str(models[0]["id"])
+        return self.model
+
+    def complete(self, messages: list[dict[str, str]]) -> str:
+        body = {
+            "model": self._model_name(),
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "stream": False,
+        }
+        out = self._request("POST", "/v1/chat/completions", body)
+        return str(out["choices"][0]["message"].get("content") or "")
+
+    def vote(self, inp: JudgeInput, idx: int) -> Vote:
+        try:
+            raw = self.complete(render_prompt(inp))
+        except (urllib.error.URLError, OSError, KeyError, ValueError, RuntimeError) as e:
+            return Vote(None, raw=None, error=f"{type(e).__name__}: {e}")
+        try:
+            score, hint = parse_vote(raw)
+        except MalformedVote as e:
+            return Vote(None, raw=raw, error=f"malformed: {e}")
+        if score != -1:
+            hint = None
+        elif hint is None:
+            hint = feedback_hint(inp)
+        return Vote(score, hint, raw=raw)
+
+
+def build_voter(cfg: Any, name: str | None = None) -> Voter:
+    """The voter named by ``name`` or ``cfg.judge.voter`` (cfg is a clawproxy Config)."""
+    name = name or cfg.judge.voter
+    if name == "embedding":
+        return EmbeddingVoter()
+    if name == "lexical":
+        return LexicalVoter()
+    if name == "llm":
+        url = cfg.judge.llm_url or cfg.proxy.upstream or f"http://{cfg.engine.host}:{cfg.engine.port}"
+        return LLMVoter(url, cfg.judge.llm_model, cfg.judge.temperature,
+                        max_tokens=cfg.judge.llm_max_tokens, timeout_s=cfg.judge.llm_timeout_s)
+    raise ValueError(f"unknown voter {name!r}: use embedding, llm or lexical")
