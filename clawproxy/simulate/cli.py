@@ -1,0 +1,104 @@
+"""`clawproxy simulate`: a scripted user teaches the running system a preference; measure adoption."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--persona", type=click.Choice(PERSONAS), default="concise", show_default=True,
+              help="The simulated user's preference.")
+@click.option("--interactions", type=int, default=36, show_default=True,
+              help="Assistant turns that get the persona's feedback.")
+@click.option("--eval-every", type=int, default=12, show_default=True,
+              help="Measure held-out adoption every K interactions.")
+@click.option("--turns", "turns_per_conversation", type=int, default=3, show_default=True,
+              help="Questions per conversation (each re-sends the whole history).")
+@click.option("--max-tokens", type=int, default=160, show_default=True, help="max_completion_tokens per turn.")
+@click.option("--eval-max-tokens", type=int, default=160, show_default=True, help="Tokens per held-out answer.")
+@click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature of the conversation turns.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--proxy-url", default=None,
+              help="A running `clawproxy start` (e.g. http://127.0.0.1:8080). Without it, a fresh system is started.")
+@click.option("--engine-url", default=None,
+              help="The engine serving the weights, for measurement (default: the started system's engine; "
+                   "with --proxy-url and no --engine-url, measurement goes through the proxy with X-Clawproxy-Eval: 1).")
+@click.option("--data-dir", default=None,
+              help="Data dir of the system (its store gives judge scores). Default for a started system: "
+                   "./clawproxy-simulate-<time>.")
+@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+              help="Config file for the started system (default configs/default.yaml).")
+@click.option("--method", type=click.Choice(["rl", "opd", "combined"]), default=None,
+              help="Trainer method of the started system (default: the config's).")
+@click.option("--lora/--full", "lora", default=None, help="LoRA adapter or full fine-tuning (default: the config's).")
+@click.option("--lr", type=float, default=None, help="Trainer learning rate override.")
+@click.option("--batch-size", type=int, default=None, help="Trainer batch size override.")
+@click.option("--oracle", is_flag=True,
+              help="Reward from the preference itself: the judge is off and the simulator writes each turn's judgment.")
+@click.option("--llm-persona-url", default=None,
+              help="OpenAI-compatible endpoint that writes the persona's feedback (GPU users); the check stays scripted.")
+@click.option("--llm-persona-model", default="default", show_default=True)
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Where curve.json and curve.png go (default: <data-dir>/simulate).")
+@click.option("--no-settle", is_flag=True, help="Measure without waiting for the judge/trainer to catch up.")
+def simulate(persona, interactions, eval_every, turns_per_conversation, max_tokens, eval_max_tokens,
+             temperature, seed, proxy_url, engine_url, data_dir, config_path, method, lora, lr,
+             batch_size, oracle, llm_persona_url, llm_persona_model, out_dir, no_settle) -> None:
+    """Drive a running (or freshly started) clawproxy with a simulated user; plot held-out adoption."""
+    import asyncio
+
+    from clawproxy.errors import ClawproxyError
+    from clawproxy.simulate.measure import LiveTable, plot_png, write_json
+    from clawproxy.simulate.run import SimSettings
+    from clawproxy.simulate.run import simulate as run_sim
+    from clawproxy.simulate.system import System
+
+    overrides = {
+        "trainer.method": method,
+        "trainer.finetune": None if lora is None else ("lora" if lora else "full"),
+        "trainer.learning_rate": lr,
+        "trainer.batch_size": batch_size,
+        "judge.enabled": False if oracle else None,
+    }
+    system = None
+    if proxy_url is None:
+        data_dir = data_dir or f"./clawproxy-simulate-{time.strftime('%Y%m%d-%H%M%S')}"
+        system = System(data_dir, overrides, config_path)
+        click.echo(f"starting clawproxy (data: {system.data_dir}, log: {system.log_path}) ...")
+        try:
+            system.start()
+        except ClawproxyError as e:
+            raise click.ClickException(e.message) from e
+        proxy_url, engine_url = system.proxy_url, engine_url or system.engine_url
+        cfg = system.config
+    else:
+        if any(v is not None for v in overrides.values()) and not oracle:
+            click.echo("note: --method/--lora/--lr/--batch-size only configure a system this command starts.")
+        from clawproxy.config import load_config
+
+        cfg = load_config(config_path, {"data_dir": data_dir})
+    settings = SimSettings(
+        proxy_url=proxy_url, eval_url=engine_url, data_dir=data_dir, persona=persona,
+        interactions=interactions, eval_every=eval_every, turns_per_conversation=turns_per_conversation,
+        max_tokens=max_tokens, eval_max_tokens=eval_max_tokens, temperature=temperature, seed=seed,
+        oracle=oracle, settle=not no_settle, trainer_batch_size=cfg.trainer.batch_size,
+        method=f"{cfg.trainer.method}/{cfg.trainer.finetune}",
+        llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model,
+    )
+    table = LiveTable()
+    try:
+        curve = asyncio.run(run_sim(settings, on_point=lambda p: table.add(settings.method, p)))
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
+    finally:
+        if system is not None:
+            system.stop()
+    out = Path(out_dir or Path(data_dir or ".") / "simulate")
+    j = write_json(out / "curve.json", [curve])
+    p = plot_png(out / "curve.png", [curve], title=f"persona: {persona}")
+    click.echo(f"wall {curve.wall_s:.0f}s; curve: {j}  plot: {p}")

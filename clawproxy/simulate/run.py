@@ -1,0 +1,243 @@
+"""The full-system simulation: a persona talks to `clawproxy start`, the curve is measured as it learns.
+
+The loop: conversations of a few turns through the proxy (recorded, judged, trained on, weights
+hot-reloaded by the other components), and every ``eval_every`` interactions a measurement pass
+against the engine's currently served weights. Before measuring, the run lets the pipeline settle
+(judge caught up, trainer's queue below one batch, latest checkpoint served) so the curve compares
+learning per interaction with the synchronous oracle baseline rather than CPU scheduling luck; the
+wall time is reported beside it.
+
+``oracle=True`` replaces the judge with the persona's own check: the run writes each turn's
+judgment (+1 met / -1 not, the preference as hint) into the store itself, so the trainer learns
+from a perfect reward through the same proxy, store and reload path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from clawproxy.simulate.driver import (
+    Driver,
+    DriverSettings,
+    Interaction,
+    answer_heldout,
+    cycle_prompts,
+)
+from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
+from clawproxy.simulate.personas import ScriptedPersona, make_persona
+from clawproxy.simulate.prompts import HELDOUT_PROMPTS, SYSTEM_PROMPT, TRAIN_PROMPTS
+from clawproxy.simulate.quality import ON_TOPIC_MIN
+
+log = logging.getLogger("clawproxy.simulate")
+
+
+@dataclass
+class SimSettings:
+    proxy_url: str = "http://127.0.0.1:8080"
+    eval_url: str | None = None  # engine base URL; None: through the proxy with X-Clawproxy-Eval
+    data_dir: str | None = None  # the store to read judge scores from (and write oracle judgments to)
+    persona: str = "concise"
+    interactions: int = 36
+    eval_every: int = 12
+    turns_per_conversation: int = 3
+    max_tokens: int = 160
+    eval_max_tokens: int = 160
+    temperature: float = 1.0
+    seed: int = 0
+    model: str = "default"
+    oracle: bool = False
+    settle: bool = True
+    settle_timeout_s: float = 600.0
+    settle_stall_s: float = 180.0
+    trainer_batch_size: int = 4
+    on_topic_min: float = ON_TOPIC_MIN
+    label: str = ""
+    llm_persona_url: str | None = None
+    llm_persona_model: str = "default"
+    method: str = ""  # informational (the trainer's method), recorded in the curve
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class StoreView:
+    """What the simulator reads from (and, as the oracle, writes to) the clawproxy store."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        from clawproxy.store import Store
+
+        self.store = Store(Path(data_dir) / "clawproxy.db")
+
+    def close(self) -> None:
+        self.store.close()
+
+    @staticmethod
+    def _in(sessions: list[str]) -> tuple[str, list[str]]:
+        return ",".join("?" * len(sessions)), list(sessions)
+
+    def main_turns(self, session_id: str) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, j.score FROM turns t "
+            "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id LIKE ? AND t.kind='main' "
+            "ORDER BY t.id",
+            (session_id + "%",),
+        )
+
+    def judge_summary(self, sessions: list[str]) -> tuple[float | None, int]:
+        """Mean judge score and count over these sessions' judged turns."""
+        if not sessions:
+            return None, 0
+        rows = []
+        for sid in sessions:
+            rows += [r["score"] for r in self.main_turns(sid) if r["score"] is not None]
+        return (sum(rows) / len(rows) if rows else None), len(rows)
+
+    def backlog(self, sessions: list[str]) -> dict[str, int]:
+        """Work the pipeline still has on this run's turns, and the published weight version."""
+        unjudged = unconsumed = pending = 0
+        for sid in sessions:
+            for r in self.main_turns(sid):
+                if r["reason"] == "pending":
+                    pending += 1
+                if not r["trainable"]:
+                    continue
+                if r["score"] is None:
+                    unjudged += 1
+                    continue
+                used = self.store.query_one(
+                    "SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (r["id"],))
+                skipped = self._skipped(r["id"])
+                if not used and not skipped and r["score"] != 0:
+                    unconsumed += 1
+        return {"unjudged": unjudged, "unconsumed": unconsumed, "pending": pending,
+                "published": self.store.latest_weight_version()}
+
+    def _skipped(self, turn_id: int) -> bool:
+        try:
+            return self.store.query_one(
+                "SELECT 1 AS x FROM skipped_samples WHERE turn_id=? LIMIT 1", (turn_id,)) is not None
+        except Exception:  # older schema without the trainer's skipped_samples table
+            return False
+
+    def write_oracle_judgments(self, interactions: list[Interaction], hint: str) -> int:
+        """Judge this run's turns from the persona's own check; returns how many were written."""
+        by_session: dict[str, list[Interaction]] = {}
+        for it in interactions:
+            by_session.setdefault(it.session_id, []).append(it)
+        written = 0
+        for sid, its in by_session.items():
+            rows = self.main_turns(sid)
+            for it, row in zip(sorted(its, key=lambda x: x.turn), rows, strict=False):
+                if row["score"] is not None:
+                    continue
+                score = 1 if it.met else -1
+                self.store.insert("judgments", {
+                    "turn_id": row["id"], "score": score, "hint": None if it.met else hint,
+                    "voter": "oracle", "created_at": time.time()}, or_ignore=True)
+                written += 1
+        return written
+
+
+async def served_version(http: aiohttp.ClientSession, engine_url: str | None) -> int | None:
+    if not engine_url:
+        return None
+    try:
+        from clawproxy.engine.client import EngineClient
+
+        return await asyncio.to_thread(EngineClient(engine_url).weight_version)
+    except Exception:
+        return None
+
+
+async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None = None,
+                   on_interaction: Callable[[Interaction], None] | None = None) -> Curve:
+    """Run one persona through the running system; returns the adoption curve."""
+    persona: ScriptedPersona = make_persona(s.persona, seed=s.seed, llm_url=s.llm_persona_url,
+                                            llm_model=s.llm_persona_model)
+    label = s.label or f"{s.method or 'system'}{'-oracle' if s.oracle else ''}"
+    curve = Curve(label=label, persona=s.persona, method=s.method or "system", settings=asdict(s))
+    view = StoreView(s.data_dir) if s.data_dir else None
+    prompts = cycle_prompts(list(TRAIN_PROMPTS), s.seed)
+    sessions: list[str] = []
+    since_point: list[str] = []
+    interactions: list[Interaction] = []
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        driver = Driver(DriverSettings(base_url=s.proxy_url, model=s.model, max_tokens=s.max_tokens,
+                                       temperature=s.temperature,
+                                       turns_per_conversation=s.turns_per_conversation), http)
+
+        async def settle() -> None:
+            if not (s.settle and view and sessions):
+                return
+            deadline = time.monotonic() + s.settle_timeout_s
+            last_state, last_change = None, time.monotonic()
+            while time.monotonic() < deadline:
+                if s.oracle:
+                    await asyncio.to_thread(view.write_oracle_judgments, interactions, persona.preference.hint)
+                b = await asyncio.to_thread(view.backlog, sessions)
+                served = await served_version(http, s.eval_url)
+                state = (b["unjudged"], b["unconsumed"], b["published"], served)
+                caught_up = served is None or served >= b["published"]
+                if b["unjudged"] == 0 and b["unconsumed"] < s.trainer_batch_size and caught_up:
+                    return
+                if state != last_state:
+                    last_state, last_change = state, time.monotonic()
+                elif time.monotonic() - last_change > s.settle_stall_s:
+                    log.warning("pipeline stalled at %s; measuring anyway", b)
+                    return
+                await asyncio.sleep(2.0)
+            log.warning("settle timeout after %.0fs; measuring anyway", s.settle_timeout_s)
+
+        async def measure(done: int) -> None:
+            await settle()
+            held = list(HELDOUT_PROMPTS)
+            if s.eval_url:
+                comps = await answer_heldout(http, s.eval_url, held, model=s.model,
+                                             system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
+                                             seed=s.seed)
+            else:
+                comps = await answer_heldout(http, s.proxy_url, held, model=s.model,
+                                             system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
+                                             seed=s.seed, via_proxy=True)
+            graded = await asyncio.to_thread(score_answers, held, [c.text for c in comps],
+                                             persona.check, s.on_topic_min)
+            versions = [c.weight_version for c in comps if c.weight_version is not None]
+            score, judged = (None, 0)
+            if view:
+                score, judged = await asyncio.to_thread(view.judge_summary, since_point)
+            point = make_point(done, graded, max(versions) if versions else None,
+                               time.monotonic() - t0, s.on_topic_min, score, judged)
+            curve.points.append(point)
+            since_point.clear()
+            if on_point:
+                on_point(point)
+
+        await measure(0)
+        done = 0
+        while done < s.interactions:
+            n = min(s.turns_per_conversation, s.interactions - done)
+            questions = [next(prompts) for _ in range(n)]
+            its = await driver.converse(persona, questions)
+            sessions.append(its[0].session_id)
+            since_point.append(its[0].session_id)
+            interactions.extend(its)
+            for it in its:
+                if on_interaction:
+                    on_interaction(it)
+            if s.oracle and view:
+                await asyncio.to_thread(view.write_oracle_judgments, interactions, persona.preference.hint)
+            prev, done = done, done + n
+            if done // s.eval_every > prev // s.eval_every or done == s.interactions:
+                await measure(done)
+    if view:
+        view.close()
+    curve.wall_s = round(time.monotonic() - t0, 1)
+    curve.settings["train_met_rate"] = (sum(i.met for i in interactions) / len(interactions)) if interactions else None
+    return curve

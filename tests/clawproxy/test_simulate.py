@@ -1,0 +1,161 @@
+"""Personas, preference checks, feedback variety, real-answer checks and the curve files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawproxy.simulate.measure import (
+    Curve,
+    make_point,
+    plot_png,
+    read_json,
+    score_answers,
+    write_json,
+)
+from clawproxy.simulate.personas import (
+    PREFERENCES,
+    SIGN_OFF,
+    ScriptedPersona,
+    filler_phrases,
+    has_no_filler,
+    has_sign_off,
+    is_bulleted,
+    is_concise,
+    make_persona,
+)
+from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
+from clawproxy.simulate.quality import ON_TOPIC_MIN, Embedder, degeneracy
+
+LONG = " ".join(["Boiling an egg takes a few careful steps and some patience."] * 6)
+SHORT = "Put the egg in boiling water for nine minutes, then cool it in cold water."
+ESSAY = ("To boil an egg, bring a pot of water to a rolling boil. Lower the egg in gently with a "
+         "spoon so the shell does not crack. Cook it for six minutes for a soft yolk or nine for a "
+         "firm one, then move it to a bowl of ice water and peel it once cool.")
+BULLETS = "- Boil water\n- Add the egg for 9 minutes\n- Cool it in cold water"
+
+
+def test_pools_are_big_enough_and_disjoint():
+    assert len(TRAIN_PROMPTS) >= 40 and len(HELDOUT_PROMPTS) >= 8
+    assert not set(TRAIN_PROMPTS) & set(HELDOUT_PROMPTS)
+    assert len(set(TRAIN_PROMPTS)) == len(TRAIN_PROMPTS)
+
+
+def test_concise_counts_words():
+    assert is_concise(SHORT)
+    assert not is_concise(LONG)
+    assert not is_concise("")
+    assert is_concise(" ".join(["word"] * 39)) and not is_concise(" ".join(["word"] * 40))
+
+
+def test_bullets_need_a_real_list():
+    assert is_bulleted(BULLETS)
+    assert is_bulleted("* one\n* two")
+    assert not is_bulleted("Boil water. Add the egg.")
+    assert not is_bulleted("1. Boil water\n2. Add the egg")  # numbered, not bullets
+    assert not is_bulleted("Intro paragraph.\nMore prose here.\nAnd more.\n- only one bullet")
+
+
+def test_filler_phrases_found_case_insensitively():
+    assert filler_phrases("Sorry, I can't. Great question though!") == ["Sorry", "Great question"]
+    assert not has_no_filler("Certainly! Boil it for 9 minutes.")
+    assert not has_no_filler("Boil it. I hope this helps!")
+    assert has_no_filler(SHORT)
+    assert not has_no_filler("")
+
+
+def test_sign_off_must_close_the_answer():
+    assert has_sign_off(f"{SHORT}\n{SIGN_OFF}")
+    assert has_sign_off(f"{SHORT} have a great day")
+    assert not has_sign_off(f"{SIGN_OFF}\n{SHORT}")
+    assert not has_sign_off(SHORT)
+
+
+@pytest.mark.parametrize("name", list(PREFERENCES))
+def test_feedback_is_varied_and_matches_the_verdict(name):
+    pref = PREFERENCES[name]
+    good = {"concise": SHORT, "bullets": BULLETS, "no_filler": SHORT, "sign_off": f"{SHORT}\n{SIGN_OFF}"}[name]
+    bad = {"concise": LONG, "bullets": LONG, "no_filler": "Certainly! " + SHORT, "sign_off": LONG}[name]
+    assert pref.check(good) and not pref.check(bad)
+    p = ScriptedPersona(pref, seed=1)
+    praise = [p.react("q", good, "How do I make tea?") for _ in range(30)]
+    complaints = [p.react("q", bad, "How do I make tea?") for _ in range(30)]
+    assert all(r.met for r in praise) and not any(r.met for r in complaints)
+    assert len({r.feedback for r in praise}) >= 4
+    assert len({r.feedback for r in complaints}) >= 4
+    for seq in (praise, complaints):  # never the same reaction twice in a row
+        assert all(a.feedback != b.feedback for a, b in zip(seq, seq[1:], strict=False))
+    # The reaction leads; the next question follows it; the praise is never a complaint.
+    for r in praise + complaints:
+        assert r.message.startswith(r.feedback)
+        assert "make tea" in r.message.lower()
+    assert not set(pref.praise) & set(pref.complaints)
+
+
+def test_concise_complaint_says_what_to_do():
+    p = make_persona("concise", seed=3)
+    for _ in range(10):
+        r = p.react("q", LONG, None)
+        assert "40 words" in r.feedback and r.message == r.feedback
+
+
+def test_no_filler_complaint_quotes_the_phrase():
+    p = make_persona("no_filler", seed=0)
+    texts = [p.react("q", "Certainly! Boil the egg.", None).feedback for _ in range(12)]
+    assert any('"Certainly"' in t for t in texts)
+
+
+def test_unknown_persona_is_a_clear_error():
+    from clawproxy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="concise"):
+        make_persona("pirate")
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("ok.", "too_short"),
+    ("the the the the the the the", "repeated_word"),
+    ("It is a meal that's a meal that's a meal that's a meal that's a meal that's a meal that's a meal", "looping"),
+    ("!!! ??? ### $$$ %%% ^^^ &&& *** ((( )))", "too_short"),
+    ("a1 !!!! #### $$$$ %%%% b2 c3 ^^^^ &&&& ****", "symbols"),
+])
+def test_degenerate_answers_are_caught(text, why):
+    assert degeneracy(text) == why
+
+
+def test_real_answers_are_not_degenerate():
+    assert degeneracy(SHORT) is None
+    assert degeneracy(BULLETS) is None
+    assert degeneracy(ESSAY) is None
+    assert degeneracy(LONG) == "looping"
+
+
+def test_on_topic_uses_the_embedding_model():
+    prompts = ["How do I boil an egg?", "How do I boil an egg?", "How do I make pancakes?"]
+    answers = [SHORT, "I like trains and the colour blue.", "- Mix flour, eggs and milk\n- Fry in a hot pan"]
+    sims = Embedder.similarities(prompts, answers)
+    assert sims[0] >= ON_TOPIC_MIN and sims[2] >= ON_TOPIC_MIN
+    assert sims[1] < ON_TOPIC_MIN
+
+
+def test_adoption_requires_a_real_answer_and_files_are_written(tmp_path):
+    prompts = ["How do I boil an egg?"] * 4
+    answers = [SHORT, ESSAY, "ok.", "I like trains and the colour blue."]
+    graded = score_answers(prompts, answers, is_concise)
+    assert [g.met for g in graded] == [True, False, True, True]
+    assert [g.adopted for g in graded] == [True, False, False, False]  # short gibberish is not adoption
+    point = make_point(12, graded, weight_version=3, elapsed_s=1.0, judge_score_mean=-0.5, judged=4)
+    assert point.adoption == 0.25 and point.preference_rate == 0.75
+    assert point.degenerate_share == 0.25 and graded[3].similarity < ON_TOPIC_MIN
+    base = make_point(0, score_answers(prompts[:1], [LONG], is_concise), 0, 0.0)
+    curve = Curve(label="combined", persona="concise", method="combined/full", points=[base, point])
+    assert curve.adoption_at(11) == 0.0 and curve.adoption_at(36) == 0.25
+    j = write_json(tmp_path / "out" / "curve.json", [curve], {"note": "test"})
+    doc = json.loads(j.read_text())
+    assert doc["note"] == "test" and doc["curves"][0]["points"][1]["weight_version"] == 3
+    assert read_json(j)[0].points[1].answers[0].answer == SHORT
+    png = plot_png(tmp_path / "out" / "curve.png", [curve, curve])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
