@@ -1,23 +1,230 @@
-"""`clawproxy train`, `clawproxy rollback`, `clawproxy stats`."""
+"""`clawproxy train`, `clawproxy rollback`, `clawproxy stats`.
+
+Only light imports at module level: torch and the trainer load inside the commands.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+from typing import Any
+
 import click
 
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-def train() -> None:
-    """Train on judged turns and publish new weights to the engine."""
-    raise click.ClickException("not implemented yet")
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-def rollback() -> None:
-    """Reload an earlier checkpoint into the engine."""
-    raise click.ClickException("not implemented yet")
+def _config(config_path: str | None, data_dir: str | None, **overrides: Any):
+    from clawproxy.cli import build_config
+
+    return build_config(config_path, data_dir=data_dir, **overrides)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-def stats() -> None:
-    """Learning progress per weight version."""
-    raise click.ClickException("not implemented yet")
+def _engine(cfg: Any, engine_url: str | None, store: Any = None):
+    """An EngineClient for ``--engine-url`` (None: no engine, publish to disk only)."""
+    if not engine_url:
+        return None
+    from clawproxy.engine.client import EngineClient
+
+    initial = 0
+    if store is not None and cfg.engine.kind == "vllm":
+        from trainer.checkpoints import current_version
+
+        initial = current_version(store, cfg.engine.model).version
+    return EngineClient(engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, initial_version=initial)
+
+
+def _format_step(r: Any) -> str:
+    m = r.metrics
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(m.get("skipped", {}).items())) or "-"
+    head = {
+        "published": f"v{r.base_version} -> v{r.new_version}",
+        "gate_failed": f"v{r.base_version} refused ({', '.join(m['gate']['failed'])})",
+        "error": f"v{r.base_version} engine refused",
+    }[r.status]
+    return (
+        f"step {r.step_id}: {head} | loss {m['loss']:+.4f} adv {m['adv_mean']:+.3f} "
+        f"clip {m['clip_frac']:.3f} kl {m['kl']:.4f} |g| {m['grad_norm']:.3f} "
+        f"{m['tokens_per_s']:.0f} tok/s | {m['samples']} samples (score {m['score_mean']:+.2f}, "
+        f"{m['opd_samples']} hinted) | skipped: {skipped}"
+    )
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config file (default: configs/default.yaml).")
+@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@click.option("--engine-url", default=None,
+              help="Engine to publish to (e.g. http://127.0.0.1:8081). Without it checkpoints are "
+                   "written and recorded but nothing is reloaded.")
+@click.option("--follow", is_flag=True, help="Keep waiting for new judged turns (what `clawproxy start` runs).")
+@click.option("--steps", type=int, default=None, help="Stop after N optimizer steps.")
+@click.option("--method", type=click.Choice(["rl", "opd", "combined"]), default=None, help="Override trainer.method.")
+@click.option("--lora", "finetune", flag_value="lora", default=None, help="Train a LoRA adapter.")
+@click.option("--full", "finetune", flag_value="full", help="Full fine-tuning.")
+@click.option("--batch-size", type=int, default=None, help="Override trainer.batch_size.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def train(config_path, data_dir, engine_url, follow, steps, method, finetune, batch_size, verbose) -> None:
+    """Train on judged turns and publish new weights to the engine.
+
+    Each step waits for trainer.batch_size useful samples, takes one optimizer step, gates the
+    result and publishes it as checkpoints/v<N>. Runs beside the engine, which keeps serving.
+    """
+    from rich.console import Console
+
+    from clawproxy.errors import ClawproxyError
+    from clawproxy.store import Store
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _config(config_path, data_dir, **{"trainer.method": method, "trainer.finetune": finetune,
+                                            "trainer.batch_size": batch_size})
+    console = Console(highlight=False)
+    store = Store(cfg.db_path)
+    last_wait = [-1]
+
+    def on_wait(n: int) -> None:
+        if n != last_wait[0]:
+            console.print(f"waiting for samples: {n}/{cfg.trainer.batch_size} ready")
+            last_wait[0] = n
+
+    try:
+        from trainer.loop import Trainer
+
+        engine = _engine(cfg, engine_url, store)
+        trainer = Trainer(cfg, store, engine)
+        console.print(f"training {cfg.trainer.method} ({cfg.trainer.finetune}) from v{trainer.current.version}")
+        results = trainer.run(follow=follow, steps=steps,
+                              on_step=lambda r: console.print(_format_step(r)), on_wait=on_wait)
+    except ClawproxyError as e:
+        store.log_event("trainer_error", {"error": e.message})
+        raise click.ClickException(e.message) from e
+    except Exception as e:
+        store.log_event("trainer_error", {"error": repr(e)})
+        raise
+    finally:
+        store.close()
+    if not results:
+        console.print(f"no full batch available ({cfg.trainer.batch_size} useful samples needed); nothing trained")
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("version", type=int, required=False)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config file (default: configs/default.yaml).")
+@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@click.option("--engine-url", default=None,
+              help="Engine to reload (default: engine.host:engine.port from the config).")
+@click.option("--no-engine", is_flag=True, help="Only record the rollback; the engine picks it up later.")
+def rollback(version, config_path, data_dir, engine_url, no_engine) -> None:
+    """Reload an earlier checkpoint into the engine (default: the one before the current).
+
+    Recorded as a new weight version that points at the old weights, plus a rollback event; a
+    running trainer follows it.
+    """
+    from clawproxy.engine.model import resolve_model
+    from clawproxy.errors import ClawproxyError
+    from clawproxy.store import Store
+    from trainer.checkpoints import rollback as do_rollback
+
+    cfg = _config(config_path, data_dir)
+    store = Store(cfg.db_path)
+    try:
+        url = None if no_engine else (engine_url or f"http://{cfg.engine.host}:{cfg.engine.port}")
+        engine = _engine(cfg, url, store)
+        base_dir = resolve_model(cfg.engine.model, cfg.data_path)
+        new, source = do_rollback(store, engine, base_dir, version)
+    except ClawproxyError as e:
+        raise click.ClickException(e.message + ("" if no_engine else " (is the engine running? --engine-url, or --no-engine)")) from e
+    finally:
+        store.close()
+    click.echo(f"now serving v{new} = the weights of v{source.version} ({source.path})")
+
+
+def collect_stats(store: Any) -> dict[str, Any]:
+    """Per weight version: where it came from, samples trained into it, how the turns it served were
+    judged, gate results of the steps that started from it; plus rollbacks and skip reasons."""
+    versions: dict[int, dict[str, Any]] = {0: {"version": 0, "source": "base", "status": "base"}}
+    for r in store.query("SELECT version, kind, status, created_at, step_id, gate FROM checkpoints ORDER BY version"):
+        gate = r["gate"] or {}
+        source = f"rollback to v{gate['rollback_of']}" if "rollback_of" in gate else f"step {r['step_id']}"
+        versions[r["version"]] = {"version": r["version"], "source": source, "status": r["status"],
+                                  "kind": r["kind"], "created_at": r["created_at"]}
+    for v in versions.values():
+        v.update(samples_trained=0, served_turns=0, judged_turns=0, mean_score=None,
+                 steps_published=0, steps_gate_failed=0, steps_error=0)
+    for r in store.query(
+        "SELECT s.new_version AS v, COUNT(ts.turn_id) AS n FROM train_steps s "
+        "JOIN trained_samples ts ON ts.step_id = s.id WHERE s.status='published' GROUP BY s.new_version"
+    ):
+        if r["v"] in versions:
+            versions[r["v"]]["samples_trained"] = r["n"]
+    for r in store.query(
+        "SELECT t.weight_version AS v, COUNT(*) AS n, COUNT(j.turn_id) AS judged, AVG(j.score) AS mean "
+        "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY t.weight_version"
+    ):
+        v = versions.setdefault(r["v"] or 0, {"version": r["v"] or 0, "source": "?", "status": "unknown",
+                                              "samples_trained": 0, "steps_published": 0,
+                                              "steps_gate_failed": 0, "steps_error": 0})
+        v.update(served_turns=r["n"], judged_turns=r["judged"],
+                 mean_score=round(r["mean"], 3) if r["mean"] is not None else None)
+    for r in store.query("SELECT base_version AS v, status, COUNT(*) AS n FROM train_steps GROUP BY base_version, status"):
+        if r["v"] in versions and f"steps_{r['status']}" in versions[r["v"]]:
+            versions[r["v"]][f"steps_{r['status']}"] = r["n"]
+    gate_failures = [
+        {"step_id": r["id"], "base_version": r["base_version"], "created_at": r["created_at"],
+         "failed": (r["metrics"] or {}).get("gate", {}).get("failed", [])}
+        for r in store.query("SELECT id, base_version, created_at, metrics FROM train_steps WHERE status='gate_failed' ORDER BY id")
+    ]
+    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in store.query("SELECT ts, data FROM events WHERE kind='rollback' ORDER BY id")]
+    skipped = {r["reason"]: r["n"] for r in store.query("SELECT reason, COUNT(*) AS n FROM skipped_samples GROUP BY reason")}
+    current = store.query_one("SELECT MAX(version) AS v FROM checkpoints WHERE status='published'")
+    return {
+        "current_version": int(current["v"]) if current and current["v"] is not None else 0,
+        "versions": [versions[k] for k in sorted(versions)],
+        "gate_failures": gate_failures,
+        "rollbacks": rollbacks,
+        "skipped_by_reason": skipped,
+        "steps": store.query_one("SELECT COUNT(*) AS n FROM train_steps")["n"],
+    }
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config file (default: configs/default.yaml).")
+@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def stats(config_path, data_dir, as_json) -> None:
+    """Learning progress per weight version: samples trained, judge scores, gate results, rollbacks."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from clawproxy.store import Store
+
+    cfg = _config(config_path, data_dir)
+    store = Store(cfg.db_path)
+    try:
+        data = collect_stats(store)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"weight versions (serving v{data['current_version']})")
+    for col in ("version", "from", "status", "samples trained", "turns served", "judged", "mean score", "steps ok/refused"):
+        table.add_column(col, justify="right" if col not in ("from", "status") else "left")
+    for v in data["versions"]:
+        score = "-" if v.get("mean_score") is None else f"{v['mean_score']:+.2f}"
+        table.add_row(str(v["version"]), v["source"], v["status"], str(v["samples_trained"]),
+                      str(v.get("served_turns", 0)), str(v.get("judged_turns", 0)), score,
+                      f"{v['steps_published']}/{v['steps_gate_failed']}")
+    console = Console()
+    console.print(table)
+    if data["gate_failures"]:
+        console.print("gate failures: " + "; ".join(
+            f"step {g['step_id']} from v{g['base_version']}: {', '.join(g['failed'])}" for g in data["gate_failures"]))
+    if data["rollbacks"]:
+        console.print("rollbacks: " + "; ".join(
+            f"v{r.get('from')} -> weights of v{r.get('to')} as v{r.get('new_version')}" for r in data["rollbacks"]))
+    if data["skipped_by_reason"]:
+        console.print("skipped samples: " + ", ".join(f"{k} {n}" for k, n in sorted(data["skipped_by_reason"].items())))

@@ -1,0 +1,193 @@
+"""The training loop on the tiny model: steps publish real checkpoints, the gate refuses a poisoned
+step, LoRA works, a restart resumes without training anything twice, rollback and pruning."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from clawproxy.cli import main
+from clawproxy.config import load_config
+from clawproxy.store import Store
+from tests.trainer.util import insert_turn
+from trainer.checkpoints import current_version, rollback
+from trainer.cli import collect_stats
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture
+def rig(tmp_path, tiny_model_dir):
+    """A data dir with a store and a config whose engine model is the tiny model."""
+
+    def make(**trainer):
+        overrides = {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
+                     "trainer.batch_size": 2, "trainer.learning_rate": 1e-3}
+        overrides.update({f"trainer.{k}": v for k, v in trainer.items()})
+        cfg = load_config(None, overrides)
+        return cfg, Store(cfg.db_path)
+
+    return make
+
+
+def _prompt(tiny_model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _add(store, tiny_model_dir, n, seed=0, version=0, hint="Answer in one word."):
+    rng = random.Random(seed)
+    prompt = _prompt(tiny_model_dir)
+    ids = []
+    for i in range(n):
+        completion = [rng.randrange(100, 5000) for _ in range(8)]
+        ids.append(insert_turn(
+            store, prompt_ids=prompt, completion_ids=completion, logps=[-10.8] * 8,  # ~ uniform over 49k
+            score=1 if i % 2 == 0 else -1, hint=hint if i % 2 == 0 else None,
+            weight_version=version, messages=MESSAGES,
+        ))
+    return ids
+
+
+def _trainer(cfg, store, engine=None):
+    from trainer.loop import Trainer
+
+    return Trainer(cfg, store, engine)
+
+
+def test_steps_publish_checkpoints_and_restart_trains_nothing_twice(rig, tiny_model_dir):
+    cfg, store = rig()
+    turns = _add(store, tiny_model_dir, 4)
+    insert_turn(store, prompt_ids=[1, 2], completion_ids=[5] * 40, score=1)  # degenerate: skipped
+    tr = _trainer(cfg, store)
+    results = tr.run()
+    assert [r.status for r in results] == ["published", "published"]
+    assert [r.new_version for r in results] == [1, 2]
+    m = results[0].metrics
+    for key in ("loss", "adv_mean", "clip_frac", "kl", "grad_norm", "tokens_per_s", "samples", "skipped"):
+        assert key in m
+    assert m["skipped"] == {"degenerate": 1} and results[1].metrics["skipped"] == {}
+    assert m["opd_samples"] == 1 and m["gate"]["ok"]
+
+    v1 = cfg.data_path / "checkpoints" / "v1"
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in v1.iterdir()}
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    new = load_file(str(v1 / "model.safetensors"))
+    changed = [k for k in base if not torch.equal(base[k], new[k])]
+    assert len(changed) == len(base)  # every tensor moved
+    assert not list((cfg.data_path / "checkpoints").glob(".tmp-*"))
+
+    rows = store.query("SELECT turn_id FROM trained_samples ORDER BY turn_id")
+    assert [r["turn_id"] for r in rows] == turns
+    steps = store.query("SELECT status, base_version, new_version, metrics FROM train_steps ORDER BY id")
+    assert [(s["base_version"], s["new_version"]) for s in steps] == [(0, 1), (1, 2)]
+
+    # "crash" and restart: resumes from v2's weights, finds nothing new to train
+    tr2 = _trainer(cfg, store)
+    assert tr2.current.version == 2
+    v2 = load_file(str(cfg.data_path / "checkpoints" / "v2" / "model.safetensors"))
+    torch.testing.assert_close(tr2.model.state_dict()["model.embed_tokens.weight"], v2["model.embed_tokens.weight"])
+    assert tr2.run() == []
+    more = _add(store, tiny_model_dir, 2, seed=1, version=2)
+    assert [r.new_version for r in tr2.run()] == [3]
+    rows = store.query("SELECT turn_id, COUNT(*) AS n FROM trained_samples GROUP BY turn_id")
+    assert sorted(r["turn_id"] for r in rows) == sorted(turns + more) and all(r["n"] == 1 for r in rows)
+
+
+def test_poisoned_step_is_refused_and_nothing_published(rig, tiny_model_dir):
+    cfg, store = rig()
+    _add(store, tiny_model_dir, 2)
+    tr = _trainer(cfg, store)
+    with torch.no_grad():  # a NaN in the weights makes the loss and gradients NaN
+        tr.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    (result,) = tr.run(steps=1)
+    assert result.status == "gate_failed" and result.new_version is None
+    assert {"loss_finite", "grad_finite", "weights_finite"} <= set(result.metrics["gate"]["failed"])
+    assert not (cfg.data_path / "checkpoints" / "v1").exists()
+    assert store.query("SELECT * FROM checkpoints") == []
+    assert store.query_one("SELECT status FROM train_steps")["status"] == "gate_failed"
+    ev = store.query("SELECT kind, data FROM events WHERE kind='gate_failed'")
+    assert len(ev) == 1 and "weights_finite" in ev[0]["data"]["failed"]
+    # back on the last published (base) weights, finite, and the next batch publishes
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    _add(store, tiny_model_dir, 2, seed=5)
+    (ok,) = tr.run(steps=1)
+    assert ok.status == "published" and ok.new_version == 1
+    s = collect_stats(store)
+    assert s["gate_failures"][0]["failed"] and s["versions"][0]["steps_gate_failed"] == 1
+
+
+def test_divergence_gate_refuses_a_huge_step(rig, tiny_model_dir):
+    cfg, store = rig(learning_rate=1.0, gate_max_kl=0.01)
+    _add(store, tiny_model_dir, 2)
+    (result,) = _trainer(cfg, store).run(steps=1)
+    assert result.status == "gate_failed" and "divergence" in result.metrics["gate"]["failed"]
+
+
+def test_lora_trains_only_the_adapter_and_publishes_it(rig, tiny_model_dir):
+    cfg, store = rig(finetune="lora", teacher="ema", learning_rate=1e-2)
+    _add(store, tiny_model_dir, 4)
+    tr = _trainer(cfg, store)
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    results = tr.run()
+    assert [r.status for r in results] == ["published", "published"]
+    after = dict(tr.model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and all("lora_" in n for n in moved)  # the base weights never move
+    assert any(".default." in n for n in moved)  # trained adapter
+    assert any(".teacher." in n for n in moved)  # EMA teacher adapter (TRL's PEFTAdapterEMACallback)
+    v2 = cfg.data_path / "checkpoints" / "v2"
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in v2.iterdir()}
+    assert store.query_one("SELECT kind FROM checkpoints WHERE version=2")["kind"] == "lora"
+    # restart loads the adapter back
+    tr2 = _trainer(cfg, store)
+    lora_b = [n for n in moved if "lora_B.default" in n][0]
+    torch.testing.assert_close(dict(tr2.model.named_parameters())[lora_b], after[lora_b])
+
+
+def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
+    cfg, store = rig(keep_checkpoints=2)
+    _add(store, tiny_model_dir, 6)
+    tr = _trainer(cfg, store)
+    assert [r.new_version for r in tr.run()] == [1, 2, 3]
+    ck = cfg.data_path / "checkpoints"
+    assert not (ck / "v1").exists() and (ck / "v2").exists() and (ck / "v3").exists()
+    assert store.query_one("SELECT status FROM checkpoints WHERE version=1")["status"] == "deleted"
+
+    new, source = rollback(store, None, tiny_model_dir)  # default: the previous version
+    assert (new, source.version) == (4, 2)
+    cur = current_version(store, tiny_model_dir)
+    assert cur.version == 4 and cur.path == ck / "v2"
+    tr.sync()  # a running trainer follows the rollback
+    assert tr.current.version == 4
+    v2 = load_file(str(ck / "v2" / "model.safetensors"))
+    torch.testing.assert_close(tr.model.state_dict()["model.norm.weight"], v2["model.norm.weight"])
+
+    config_file = tmp_path / "cfg.yaml"
+    config_file.write_text(f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 2\n")
+    runner = CliRunner()
+    res = runner.invoke(main, ["rollback", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file), "--no-engine"])
+    assert res.exit_code != 0 and "deleted" in res.output
+    res = runner.invoke(main, ["stats", "--json", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["current_version"] == 4 and data["rollbacks"][0]["to"] == 2
+    by_v = {v["version"]: v for v in data["versions"]}
+    assert by_v[1]["samples_trained"] == 2 and by_v[4]["source"] == "rollback to v2"
+    assert by_v[0]["served_turns"] == 6 and by_v[0]["mean_score"] == 0.0
+    res = runner.invoke(main, ["stats", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
+    assert res.exit_code == 0 and "v3 -> weights of v2 as v4" in res.output
+
+    _add(store, tiny_model_dir, 2, seed=3, version=4)
+    res = runner.invoke(main, ["train", "--steps", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
+    assert res.exit_code == 0, res.output
+    assert "v4 -> v5" in res.output

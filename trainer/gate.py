@@ -1,0 +1,182 @@
+"""The publish gate: new weights reach the engine only if they pass every check.
+
+Checks, each reported by name in the gate report (stored with the step and shown by ``stats``):
+
+- ``loss_finite`` / ``grad_finite``: the step's loss and pre-clip gradient norm are finite.
+- ``weights_finite``: no NaN/inf in any trainable tensor after the optimizer step.
+- ``canaries``: greedy answers to ``trainer.canary_prompts`` are not degenerate (empty or looping).
+  Judged relative to the previous version: a prompt the old weights already answered badly does not
+  block (a random-init test model loops everywhere); a prompt that *became* degenerate does.
+- ``divergence``: mean per-token KL(previous || new) over the previous version's canary
+  continuations is at most ``trainer.gate_max_kl``: one step must not rewrite the model.
+
+The previous version's canary continuations and their full next-token distributions are computed
+once per version (``canary_reference``) and kept in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.batch import is_degenerate
+from trainer.config import TrainerConfig
+
+
+@dataclass
+class CanaryReference:
+    version: int
+    prompts: list[list[int]]
+    outputs: list[list[int]]
+    logprobs: list[torch.Tensor]  # per canary: (len(output), vocab) log-softmax, CPU float32
+    degenerate: list[bool]
+
+
+@dataclass
+class GateReport:
+    ok: bool
+    failed: list[str] = field(default_factory=list)
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "failed": self.failed, **self.checks}
+
+
+def canary_prompt_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        out.append([int(t) for t in ids])
+    return out
+
+
+def _degenerate_output(ids: list[int], eos_ids: set[int]) -> bool:
+    text_ids = [t for t in ids if t not in eos_ids]
+    if not text_ids:
+        return True  # answered nothing
+    if len(text_ids) >= 12 and len(set(text_ids)) <= max(2, len(text_ids) // 6):
+        return True  # a handful of tokens over and over
+    return is_degenerate(text_ids, min_len=12)
+
+
+@torch.no_grad()
+def _continuation_logprobs(model: torch.nn.Module, prompt: list[int], output: list[int], device: Any) -> torch.Tensor:
+    ids = torch.tensor([prompt + output], device=device)
+    logits = model(input_ids=ids, logits_to_keep=len(output) + 1).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1).cpu()
+
+
+@torch.no_grad()
+def canary_reference(
+    model: torch.nn.Module, tokenizer: Any, cfg: TrainerConfig, version: int, accelerator: Any
+) -> CanaryReference:
+    """Greedy answers of ``model`` to the canaries and the distributions along them.
+
+    ``generate`` runs under TRL's ``unwrap_model_for_generation`` (it gathers DeepSpeed ZeRO-3
+    shards; on one device it yields the unwrapped model).
+    """
+    from trl.models.utils import unwrap_model_for_generation
+
+    device = accelerator.device
+    eos = _eos_ids(tokenizer)
+    prompts = canary_prompt_ids(tokenizer, cfg.canary_prompts)
+    was_training = model.training
+    model.eval()
+    outputs, logprobs, degenerate = [], [], []
+    try:
+        for prompt in prompts:
+            with unwrap_model_for_generation(model, accelerator) as gen:
+                out = gen.generate(
+                    input_ids=torch.tensor([prompt], device=device),
+                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+                    max_new_tokens=cfg.canary_max_tokens, do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            gen_ids = [int(t) for t in out[0, len(prompt):].tolist()]
+            # generate pads after EOS; keep up to and including the first EOS
+            for i, t in enumerate(gen_ids):
+                if t in eos:
+                    gen_ids = gen_ids[: i + 1]
+                    break
+            outputs.append(gen_ids)
+            logprobs.append(_continuation_logprobs(model, prompt, gen_ids, device))
+            degenerate.append(_degenerate_output(gen_ids, eos))
+    finally:
+        model.train(was_training)
+    return CanaryReference(version, prompts, outputs, logprobs, degenerate)
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return ids
+
+
+def _params_finite(model: torch.nn.Module) -> tuple[bool, str | None]:
+    for name, p in model.named_parameters():
+        if p.requires_grad and not torch.isfinite(p).all():
+            return False, name
+    return True, None
+
+
+@torch.no_grad()
+def check(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    cfg: TrainerConfig,
+    previous: CanaryReference,
+    *,
+    loss: float,
+    grad_norm: float,
+    accelerator: Any,
+) -> tuple[GateReport, CanaryReference | None]:
+    """Run every check on the updated ``model``. Returns the report and, when the weights are
+    finite, the new version's canary reference (reused as ``previous`` for the next step)."""
+    report = GateReport(ok=True)
+
+    def fail(name: str, detail: Any) -> None:
+        report.ok = False
+        report.failed.append(name)
+        report.checks[name] = detail
+
+    if not math.isfinite(loss):
+        fail("loss_finite", loss)
+    if not math.isfinite(grad_norm):
+        fail("grad_finite", grad_norm)
+    finite, bad = _params_finite(model)
+    if not finite:
+        fail("weights_finite", f"non-finite values in {bad}")
+        return report, None  # generating from NaN weights tells nothing more
+
+    new = canary_reference(model, tokenizer, cfg, previous.version + 1, accelerator)
+    device = accelerator.device
+    newly_bad = [
+        cfg.canary_prompts[i]
+        for i, (was, now) in enumerate(zip(previous.degenerate, new.degenerate, strict=True))
+        if now and not was
+    ]
+    report.checks["canary_outputs"] = [tokenizer.decode(o, skip_special_tokens=True)[:200] for o in new.outputs]
+    if newly_bad:
+        fail("canaries", {"degenerate": newly_bad})
+
+    was_training = model.training
+    model.eval()
+    kls = []
+    for prompt, output, prev_lp in zip(previous.prompts, previous.outputs, previous.logprobs, strict=True):
+        new_lp = _continuation_logprobs(model, prompt, output, device)
+        kl = (prev_lp.exp() * (prev_lp - new_lp)).sum(-1).mean()
+        kls.append(float(kl))
+    model.train(was_training)
+    kl = sum(kls) / max(len(kls), 1)
+    report.checks["divergence_kl"] = kl
+    if not math.isfinite(kl) or kl > cfg.gate_max_kl:
+        fail("divergence", {"kl": kl, "max": cfg.gate_max_kl})
+    return report, new

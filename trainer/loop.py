@@ -1,0 +1,400 @@
+"""The training loop: wait for a batch, one optimizer step, gate, publish. Read top to bottom.
+
+    Trainer(cfg, store, engine)      load the serving version's weights (crash-safe resume)
+    Trainer.run(follow, steps)       loop:
+        sync()                         another process rolled back? reload; engine restarted? re-push
+        collect()                      batch_size useful samples from the store (skips recorded)
+        step(samples)                  teacher pass, clipped surrogate, backward, clip, AdamW step
+        gate + publish                 checkpoint v<N+1> (atomic) -> gate -> engine reload -> rows
+                                       a refused step restores the last published weights
+
+The engine keeps serving throughout: this is its own process, and the only contact is
+``EngineClient.load_weights`` (pause-keep, reload, resume) after a step passed the gate.
+
+Crash safety: the ``train_steps``/``trained_samples``/``checkpoints`` rows of a step are written in
+one transaction after the engine took the new weights. A crash before that leaves no trace but a
+``.tmp-*`` dir or an unrecorded ``v<N>`` dir (both replaced later); on restart the trainer loads the
+newest published version and the step's samples are still untrained, so nothing is trained twice
+and nothing is lost.
+
+Accelerate places the model (``Accelerator.prepare``), runs backward and gradient clipping, and
+under ``accelerate launch --config_file configs/accelerate_*.yaml`` spreads each batch over the
+processes (the main process reads the store and broadcasts the batch; it alone writes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawproxy.config import Config
+from clawproxy.errors import EngineError
+from clawproxy.store import Store, dumps
+from trainer import gate
+from trainer.batch import Sample, record_skipped, select_samples, teacher_prompt_ids
+from trainer.checkpoints import (
+    Version,
+    checkpoints_root,
+    current_version,
+    ensure_engine_serves,
+    next_version,
+    prune,
+    write_atomically,
+)
+from trainer.losses import (
+    combined_advantages,
+    completion_logps,
+    make_token_batch,
+    pad_floats,
+    ppo_clipped_loss,
+)
+from trainer.policy import (
+    TEACHER_ADAPTER,
+    Teacher,
+    _unwrap,
+    load_policy,
+    load_tokenizer,
+    load_version_into,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    step_id: int | None
+    status: str  # published | gate_failed | error
+    base_version: int
+    new_version: int | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    """One policy, one optimizer, one loop. ``engine`` None: publish to disk and the store only."""
+
+    def __init__(self, cfg: Config, store: Store, engine: Any | None = None, accelerator: Any | None = None):
+        from accelerate import Accelerator
+
+        from clawproxy.engine.model import resolve_model
+
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self.store = store
+        self.engine = engine
+        self.accelerator = accelerator or Accelerator()
+        self.base_dir = Path(resolve_model(cfg.engine.model, cfg.data_path))
+        self.ckpt_root = checkpoints_root(cfg.data_path)
+        self.tokenizer = load_tokenizer(self.base_dir)
+        self.current: Version = current_version(store, self.base_dir)
+        model = load_policy(self.tcfg, self.base_dir, self.current).to(self.accelerator.device)
+        self.teacher = Teacher(self.tcfg, model, self.base_dir, self.accelerator.device)
+        params = [p for n, p in model.named_parameters() if p.requires_grad and f".{TEACHER_ADAPTER}." not in n]
+        optimizer = torch.optim.AdamW(params, lr=self.tcfg.learning_rate, weight_decay=self.tcfg.weight_decay)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.params = params
+        self.canary: gate.CanaryReference | None = None
+        self.skipped_since_last_step: Counter[str] = Counter()
+        self.is_lora = self.tcfg.finetune == "lora"
+        log.info("trainer ready: %s from v%d (%s), teacher=%s, method=%s",
+                 self.tcfg.finetune, self.current.version, self.current.path, self.tcfg.teacher, self.tcfg.method)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(
+        self, follow: bool = False, steps: int | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+        on_wait: Callable[[int], None] | None = None,
+    ) -> list[StepResult]:
+        """Train while full batches are available (``follow``: wait for more, forever or ``steps``)."""
+        results: list[StepResult] = []
+        while steps is None or len(results) < steps:
+            self.sync()
+            samples = self.collect()
+            if len(samples) < self.tcfg.batch_size:
+                if not follow:
+                    break
+                if on_wait:
+                    on_wait(len(samples))
+                time.sleep(self.tcfg.poll_interval_s)
+                continue
+            result = self.step(samples)
+            results.append(result)
+            if on_step:
+                on_step(result)
+        return results
+
+    def sync(self) -> None:
+        """Follow the store's current version (a rollback by `clawproxy rollback` while we run) and
+        make sure a restarted engine serves it again."""
+        latest = current_version(self.store, self.base_dir)
+        if latest.version != self.current.version:
+            log.info("serving version changed to v%d outside this trainer; reloading it", latest.version)
+            self._restore(latest)
+        if self.engine is not None and self.accelerator.is_main_process:
+            try:
+                ensure_engine_serves(self.store, self.engine, self.base_dir)
+            except EngineError as e:
+                log.warning("engine did not take v%d back: %s", self.current.version, e.message)
+
+    def collect(self) -> list[Sample]:
+        """The next ``batch_size`` useful samples (main process reads, everyone gets the same list)."""
+        samples: list[Sample] = []
+        if self.accelerator.is_main_process:
+            sel = select_samples(self.store, self.tcfg, self.current.version)
+            if sel.skipped:
+                record_skipped(self.store, sel.skipped)
+                self.skipped_since_last_step.update(sel.skipped.values())
+            samples = sel.samples[: self.tcfg.batch_size]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            box = [samples]
+            broadcast_object_list(box)
+            samples = box[0]
+        return samples
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def step(self, samples: list[Sample]) -> StepResult:
+        batch_ready = time.time()
+        acc = self.accelerator
+        if self.canary is None or self.canary.version != self.current.version:
+            self.canary = gate.canary_reference(self.model, self.tokenizer, self.tcfg, self.current.version, acc)
+
+        t0 = time.perf_counter()
+        m = self.forward_backward(samples)
+        grad_norm = float(acc.clip_grad_norm_(self.params, self.tcfg.max_grad_norm))
+        if math.isfinite(m["loss"]) and math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        train_s = time.perf_counter() - t0
+        m.update(grad_norm=grad_norm, train_s=train_s, tokens_per_s=m["tokens"] / max(train_s, 1e-9),
+                 skipped=dict(self.skipped_since_last_step), samples=len(samples))
+
+        report, new_ref = gate.check(
+            self.model, self.tokenizer, self.tcfg, self.canary, loss=m["loss"], grad_norm=grad_norm, accelerator=acc
+        )
+        m["gate"] = report.as_dict()
+        if not report.ok:
+            return self._refuse(samples, m, report)
+        return self._publish(samples, m, new_ref, batch_ready)
+
+    def forward_backward(self, samples: list[Sample]) -> dict[str, Any]:
+        """Accumulate gradients of the clipped surrogate over micro-batches; return step metrics."""
+        acc, cfg = self.accelerator, self.tcfg
+        world, rank = acc.num_processes, acc.process_index
+        mine = samples[rank::world]
+        mbs = cfg.micro_batch_size
+        n_micro = math.ceil(math.ceil(len(samples) / world) / mbs)
+        num_tokens = sum(len(s.completion_ids) for s in samples)  # global: token-level mean over the step
+        pad_id = self.tokenizer.pad_token_id
+        sums: Counter[str] = Counter()
+        for i in range(n_micro):
+            chunk = mine[i * mbs : (i + 1) * mbs]
+            weight = 1.0
+            if not chunk:  # uneven split: a zero-weight pass keeps collective ops in step
+                chunk, weight = samples[:1], 0.0
+            batch = make_token_batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], pad_id, acc.device)
+            mask = batch.completion_mask.float()
+            behaviour = pad_floats([s.behaviour_logps for s in chunk], acc.device)
+            scores = torch.tensor([s.score if cfg.method != "opd" else 0 for s in chunk], device=acc.device)
+
+            teacher_logps, has_teacher = self._teacher_logps(chunk, batch)
+            ref_logps = None
+            if cfg.kl_coef > 0:
+                with torch.no_grad(), self.teacher.reference_model(self.model) as ref:
+                    ref_logps = completion_logps(ref, batch)
+
+            logps = completion_logps(self.model, batch)
+            adv = combined_advantages(
+                scores, teacher_logps, logps.detach(), has_teacher, mask,
+                w_rl=cfg.w_rl if cfg.method != "opd" else 0.0,
+                w_opd=cfg.w_opd if cfg.method != "rl" else 0.0,
+                clip=cfg.opd_clip,
+            )
+            loss, st = ppo_clipped_loss(
+                logps, behaviour, adv, mask, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+                num_tokens=num_tokens, ref_logps=ref_logps, kl_coef=cfg.kl_coef,
+            )
+            acc.backward(loss * weight * world)  # DDP/FSDP average gradients over processes
+            n = float(mask.sum()) * weight
+            sums["loss"] += float(loss.detach()) * weight
+            sums["tokens"] += sum(len(s.prompt_ids) + len(s.completion_ids) for s in chunk) * weight
+            sums["completion_tokens"] += n
+            sums["adv"] += float((adv * mask).sum()) * weight
+            sums["clip"] += st.clip_frac * n
+            sums["kl_behaviour"] += st.kl_behaviour * n
+            sums["kl_ref"] += st.kl_ref * n
+            sums["ratio"] += st.ratio_mean * n
+            sums["opd_samples"] += float(has_teacher.sum()) * weight
+            gap = ((teacher_logps - logps.detach()) * mask * has_teacher.float().unsqueeze(1)).sum()
+            sums["opd_gap"] += float(gap) * weight
+            sums["opd_tokens"] += float((mask * has_teacher.float().unsqueeze(1)).sum()) * weight
+        if world > 1:
+            keys = sorted(sums)
+            vec = acc.reduce(torch.tensor([sums[k] for k in keys], device=acc.device, dtype=torch.float64), "sum")
+            sums = Counter(dict(zip(keys, vec.tolist(), strict=True)))
+        ct = max(sums["completion_tokens"], 1.0)
+        return {
+            "loss": sums["loss"],
+            "adv_mean": sums["adv"] / ct,
+            "clip_frac": sums["clip"] / ct,
+            "kl": sums["kl_ref"] / ct if cfg.kl_coef > 0 else sums["kl_behaviour"] / ct,
+            "kl_behaviour": sums["kl_behaviour"] / ct,
+            "ratio_mean": sums["ratio"] / ct,
+            "tokens": int(sums["tokens"]),
+            "completion_tokens": int(sums["completion_tokens"]),
+            "opd_samples": int(sums["opd_samples"]),
+            "opd_gap_mean": sums["opd_gap"] / max(sums["opd_tokens"], 1.0),
+            "score_mean": sum(s.score for s in samples) / len(samples),
+        }
+
+    def _teacher_logps(self, chunk: list[Sample], batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher log-probs of the recorded completion tokens given the hinted prompt (no grad).
+
+        Zeros (and has_teacher False) for samples without a hint or for method=rl."""
+        dev = self.accelerator.device
+        t_logps = torch.zeros(batch.completion_ids.shape, device=dev)
+        has = torch.zeros(len(chunk), dtype=torch.bool, device=dev)
+        if self.tcfg.method == "rl":
+            return t_logps, has
+        prompts = [teacher_prompt_ids(self.tokenizer, s) for s in chunk]
+        idx = [i for i, p in enumerate(prompts) if p is not None]
+        if not idx:
+            return t_logps, has
+        tb = make_token_batch([prompts[i] for i in idx], [chunk[i].completion_ids for i in idx],
+                              self.tokenizer.pad_token_id, dev)
+        with torch.no_grad(), self.teacher.teacher_model(self.model) as teacher:
+            lp = completion_logps(teacher, tb)
+        for row, i in enumerate(idx):
+            n = len(chunk[i].completion_ids)
+            t_logps[i, :n] = lp[row, :n]
+            has[i] = True
+        return t_logps, has
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def _refuse(self, samples: list[Sample], m: dict[str, Any], report: gate.GateReport) -> StepResult:
+        """A failed gate never publishes: log, record, and go back to the last published weights.
+
+        The samples are marked used by this (refused) step: a batch that poisons the weights
+        would otherwise be retried forever."""
+        log.warning("publish gate refused step from v%d: %s", self.current.version, ", ".join(report.failed))
+        step_id = None
+        if self.accelerator.is_main_process:
+            step_id = self._record(samples, m, "gate_failed", None)
+            self.store.log_event("gate_failed", {"step_id": step_id, "base_version": self.current.version,
+                                                 "failed": report.failed, "gate": report.as_dict()})
+        self._restore(self.current)
+        return StepResult(step_id, "gate_failed", self.current.version, None, m)
+
+    def _publish(self, samples: list[Sample], m: dict[str, Any], new_ref: Any, batch_ready: float) -> StepResult:
+        acc = self.accelerator
+        base = self.current.version
+        t0 = time.perf_counter()
+        version = next_version(self.store) if acc.is_main_process else 0
+        out_dir = self.ckpt_root / f"v{version}"
+        state_dict = acc.get_state_dict(self.model) if not self.is_lora else None  # collective under FSDP
+        step_id = None
+        if acc.is_main_process:
+            write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))
+            m["save_s"] = time.perf_counter() - t0
+            if self.engine is not None:
+                try:
+                    self.engine.load_weights(str(out_dir), version, lora=self.is_lora)
+                except EngineError as e:
+                    log.error("engine refused v%d: %s; keeping v%d", version, e.message, base)
+                    m["engine_error"] = e.message
+                    step_id = self._record(samples, m, "error", None)
+                    self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
+                    import shutil
+
+                    shutil.rmtree(out_dir, ignore_errors=True)
+                    self._restore(self.current)
+                    return StepResult(step_id, "error", base, None, m)
+            m["publish_s"] = time.perf_counter() - t0
+            m["batch_to_serving_s"] = time.time() - batch_ready
+            step_id = self._record(samples, m, "published", version, out_dir)
+            deleted = prune(self.store, self.tcfg.keep_checkpoints)
+            if deleted:
+                log.info("deleted old checkpoints %s", deleted)
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            box = [version]
+            broadcast_object_list(box)
+            version = box[0]
+        self.current = Version(version, out_dir if acc.is_main_process else self.ckpt_root / f"v{version}",
+                               "lora" if self.is_lora else "full")
+        self.teacher.after_step(self.model)
+        new_ref.version = version
+        self.canary = new_ref
+        self.skipped_since_last_step.clear()
+        return StepResult(step_id, "published", base, version, m)
+
+    def _save(self, tmp: Path, state_dict: dict[str, Any] | None) -> None:
+        model = _unwrap(self.model)
+        if self.is_lora:
+            model.save_pretrained(str(tmp), selected_adapters=["default"])
+            nested = tmp / "default"  # PEFT nests non-default selections; keep the dir flat
+            if nested.is_dir():
+                for f in nested.iterdir():
+                    f.rename(tmp / f.name)
+                nested.rmdir()
+        else:
+            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
+        self.tokenizer.save_pretrained(str(tmp))
+
+    def _record(self, samples: list[Sample], m: dict[str, Any], status: str, version: int | None,
+                out_dir: Path | None = None) -> int:
+        """One transaction: the step, the samples it consumed, and (published) the checkpoint row."""
+        now = time.time()
+        with self.store.transaction() as conn:
+            cur = conn.execute(
+                "INSERT INTO train_steps (created_at, method, base_version, new_version, status, metrics) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (now, self.tcfg.method, self.current.version, version, status, dumps(_jsonable(m))),
+            )
+            step_id = int(cur.lastrowid)
+            conn.executemany(
+                "INSERT OR IGNORE INTO trained_samples (turn_id, step_id) VALUES (?, ?)",
+                [(s.turn_id, step_id) for s in samples],
+            )
+            if status == "published" and version is not None:
+                conn.execute(
+                    "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate) "
+                    "VALUES (?, ?, ?, ?, ?, 'published', ?)",
+                    (version, str(out_dir), "lora" if self.is_lora else "full", now, step_id, dumps(_jsonable(m["gate"]))),
+                )
+                conn.execute(
+                    "INSERT INTO events (ts, kind, data) VALUES (?, 'publish', ?)",
+                    (now, dumps({"version": version, "step_id": step_id, "engine": self.engine is not None})),
+                )
+        return step_id
+
+    def _restore(self, version: Version) -> None:
+        """Put ``version``'s weights back into the policy and forget the optimizer's moments."""
+        load_version_into(_unwrap(self.model), version, self.base_dir)
+        self.optimizer.zero_grad(set_to_none=True)
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        inner.state.clear()
+        self.current = version
+        self.canary = None  # recomputed from the restored weights before the next step
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # NaN / inf are not JSON
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,229 @@
+"""The policy being trained, its OPD teacher and its optional KL reference.
+
+Full fine-tuning trains every weight of a ``transformers`` causal LM. LoRA wraps the base model
+with PEFT (``get_peft_model``); checkpoints are then adapters, merged by the engine into its base.
+
+The teacher is "the model with the hint in its context"; which *weights* it uses is
+``trainer.teacher``:
+
+- ``current`` (default): the policy itself, evaluated under ``no_grad`` before the step. It costs no
+  memory (on one GPU a second full copy of a 4B model does not fit beside the optimizer), the
+  teacher - student gap is then exactly the effect of the hint on the weights being served, and the
+  signal fades once the policy has absorbed the hint, which is the goal. The clipped ratio and the
+  clipped gap bound how far one step moves it. This is also OpenClaw-RL's teacher.
+- ``base``: the frozen starting model. Stable, but it keeps pulling the policy back toward the
+  base model's style on every hinted token. Free with LoRA (TRL's ``use_adapter(model, None)``
+  disables the adapter); a second full copy with full fine-tuning.
+- ``ema``: an exponential moving average of the policy (TRL's self-distillation default). Full
+  fine-tuning keeps a copy updated with TRL's ``SyncRefModelCallback.sync_target_model``; LoRA keeps
+  a second "teacher" adapter averaged by TRL's ``PEFTAdapterEMACallback``. The average restarts
+  from the published weights when the trainer restarts.
+
+The KL reference (``kl_coef`` > 0) is always the base model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from clawproxy.errors import ConfigError
+from trainer.checkpoints import Version
+from trainer.config import TrainerConfig
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+TEACHER_ADAPTER = "teacher"
+
+
+def load_tokenizer(base_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.nn.Module:
+    """Load the weights the engine is serving (``current``) as a trainable model."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    if cfg.finetune == "full":
+        if current.lora:  # switching from LoRA to full: start from base + adapter, merged
+            from peft import PeftModel
+
+            base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=_dtype(cfg.dtype))
+            model = PeftModel.from_pretrained(base, str(current.path)).merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(current.path), dtype=_dtype(cfg.dtype))
+    else:
+        if current.version > 0 and not current.lora:
+            raise ConfigError(
+                f"trainer.finetune=lora but the current version v{current.version} is a full checkpoint; "
+                "keep finetune=full, or `clawproxy rollback 0` to start LoRA from the base model."
+            )
+        from peft import LoraConfig, get_peft_model
+
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=_dtype(cfg.dtype))
+        targets: Any = cfg.lora_target_modules
+        if targets != "all-linear":
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        lora = LoraConfig(
+            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+            target_modules=targets, task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(base, lora)
+        if current.version > 0:
+            load_version_into(model, current, base_dir)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    from trl.trainer.utils import disable_dropout_in_model
+
+    disable_dropout_in_model(model)  # the ratio to the engine's log-probs assumes no dropout noise
+    model.train()
+    return model
+
+
+def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path) -> None:
+    """Overwrite the policy's trainable weights in place with a version from disk.
+
+    Used after a refused step (back to the last published weights) and when someone else changed
+    the serving version (a rollback). In place, so the accelerate-prepared model and optimizer stay.
+    """
+    from safetensors.torch import load_file
+
+    is_lora = hasattr(model, "peft_config")
+    with torch.no_grad():
+        if is_lora:
+            if version.version == 0:  # LoRA's init: B = 0 makes the adapter a no-op
+                for name, p in model.named_parameters():
+                    if "lora_B" in name and f".{TEACHER_ADAPTER}." not in name:
+                        p.zero_()
+                return
+            if not version.lora:
+                raise ConfigError(f"v{version.version} is a full checkpoint; a LoRA policy cannot load it.")
+            from peft import set_peft_model_state_dict
+
+            state = load_file(str(Path(version.path) / "adapter_model.safetensors"))
+            result = set_peft_model_state_dict(model, state)
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise ConfigError(f"adapter v{version.version} does not fit this LoRA config: {unexpected[:3]}")
+            return
+        if version.lora:
+            raise ConfigError(f"v{version.version} is a LoRA adapter; a full-fine-tuning policy cannot load it.")
+        files = sorted(Path(version.path).glob("*.safetensors"))
+        if not files:
+            raise ConfigError(f"{version.path} has no safetensors files")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
+        if missing or unexpected:
+            raise ConfigError(f"v{version.version} does not match the model: missing={missing[:3]} unexpected={unexpected[:3]}")
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class Teacher:
+    """Gives the OPD teacher's forward pass (and the KL reference's) for a policy."""
+
+    def __init__(self, cfg: TrainerConfig, policy: torch.nn.Module, base_dir: Path, device: Any):
+        self.kind = cfg.teacher
+        self.rate = cfg.ema_rate
+        self.policy = policy
+        self.is_lora = hasattr(policy, "peft_config")
+        self._copy: torch.nn.Module | None = None  # base or ema weights, full fine-tuning only
+        self._ema_callback: Any = None
+        self._steps = 0
+        needs_base = self.kind == "base" or cfg.kl_coef > 0
+        if self.is_lora:
+            if self.kind == "ema":
+                from trl.experimental.sdpo.teacher_sync import PEFTAdapterEMACallback
+
+                self._ema_callback = PEFTAdapterEMACallback(
+                    policy, teacher_adapter_name=TEACHER_ADAPTER, update_rate=self.rate
+                )
+                self._ema_callback._initialize_teacher_adapter()
+        else:
+            if self.kind == "ema":
+                self._copy = copy.deepcopy(policy).eval().requires_grad_(False)
+            elif needs_base:
+                from transformers import AutoModelForCausalLM
+
+                self._copy = (
+                    AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=next(policy.parameters()).dtype)
+                    .to(device).eval().requires_grad_(False)
+                )
+        self._base_copy = self._copy if self.kind == "base" else None
+        if cfg.kl_coef > 0 and not self.is_lora and self._base_copy is None:
+            from transformers import AutoModelForCausalLM
+
+            self._base_copy = (
+                AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=next(policy.parameters()).dtype)
+                .to(device).eval().requires_grad_(False)
+            )
+
+    @contextlib.contextmanager
+    def teacher_model(self, policy: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        """The model to score the hinted prompt with (use under ``torch.no_grad``)."""
+        from trl.trainer.utils import use_adapter
+
+        if self.kind == "current":
+            yield policy
+        elif self.is_lora:
+            with use_adapter(_unwrap(policy), None if self.kind == "base" else TEACHER_ADAPTER):
+                yield policy
+        else:
+            assert self._copy is not None
+            yield self._copy
+
+    @contextlib.contextmanager
+    def reference_model(self, policy: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        """The base model, for the KL penalty."""
+        from trl.trainer.utils import use_adapter
+
+        if self.is_lora:
+            with use_adapter(_unwrap(policy), None):
+                yield policy
+        else:
+            assert self._base_copy is not None
+            yield self._base_copy
+
+    def after_step(self, policy: torch.nn.Module) -> None:
+        """Advance the EMA teacher after a published step."""
+        self._steps += 1
+        if self.kind != "ema":
+            return
+        if self.is_lora:
+            self._ema_callback.on_step_end(None, SimpleNamespace(global_step=self._steps), None)
+        else:
+            from trl.trainer.callbacks import SyncRefModelCallback
+
+            SyncRefModelCallback.sync_target_model(_unwrap(policy), self._copy, self.rate)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module under DDP/FSDP wrappers (accelerate's ``unwrap_model`` without the Accelerator)."""
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model)
