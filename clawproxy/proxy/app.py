@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +46,7 @@ HOP_BY_HOP = frozenset({
 SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 WATCH_INTERVAL_S = 0.25
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -101,6 +103,11 @@ def run_proxy(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) 
 
 
 async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
+    # The recorder thread shares the GIL with the event loop. With CPython's default 5 ms switch
+    # interval, every socket call the loop makes while the recorder parses can wait up to 5 ms
+    # for the GIL (the convoy effect), which shows up directly as per-chunk latency.
+    if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
     recorder = Recorder(app[CONFIG_KEY])
     await recorder.start()
     app[RECORDER_KEY] = recorder

@@ -215,6 +215,7 @@ class Recorder:
                 log.exception("recorder: cannot parse turn %s; skipped", cap.request_id)
                 continue
             self._write(rec)
+            time.sleep(0)  # let the event loop have the GIL between records
 
     def _write(self, rec: dict[str, Any]) -> bool:
         if self.store is None:

@@ -11,6 +11,8 @@ tests do not interfere:
     x-fake-chunks   number of content chunks (default 4)
     x-fake-delay-ms pause between chunks
     x-fake-gzip     1: gzip the response body (even an event stream)
+    x-fake-stamp    1: each chunk carries ``sent_ns`` (time.monotonic_ns() when written), so a
+                    client on the same machine can measure per-chunk delivery latency
 
 Run alone: ``python -m tests.clawproxy.fake_upstream --port 0`` prints ``PORT <n>`` when ready.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,8 +139,11 @@ class FakeUpstream:
         if gzip:
             resp.enable_compression(web.ContentCoding.gzip)
         await resp.prepare(request)
+        stamp = h.get("x-fake-stamp") == "1"
         try:
             for i, ev in enumerate(self.events(body, chunks)):
+                if stamp and ev.startswith(b"data: {"):
+                    ev = b'data: {"sent_ns":%d,' % time.monotonic_ns() + ev[7:]
                 await resp.write(ev)
                 if mode == "hang-mid" and i == 1:
                     await asyncio.sleep(3600)
