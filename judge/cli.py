@@ -1,10 +1,127 @@
-"""`clawproxy judge run|eval`."""
+"""`clawproxy judge run|eval`.
+
+Only light imports at module level: `clawproxy` imports this on every command, and the proxy path
+must not pull in torch or the sentence encoder.
+"""
 
 from __future__ import annotations
 
+import logging
+import signal
+import sys
+import threading
+
 import click
 
+from clawproxy.errors import ClawproxyError
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+EVAL_VOTERS = ("embedding", "lexical", "llm")
+
+
+def _config(config_path: str | None, **overrides):
+    from clawproxy.cli import build_config
+
+    return build_config(config_path, **overrides)
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
 def judge() -> None:
     """Score recorded turns from what happened next."""
+
+
+@judge.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config file (default: configs/default.yaml).")
+@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@click.option("--follow", is_flag=True, help="Keep polling for new turns until SIGTERM/Ctrl-C.")
+@click.option("-n", "--limit", type=int, default=None, help="Stop after judging this many turns.")
+@click.option("--voter", type=click.Choice(EVAL_VOTERS), default=None, help="Override judge.voter.")
+@click.option("--votes", type=int, default=None, help="Override judge.votes (m).")
+@click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
+def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
+    """Judge every trainable main turn that has a next state and no judgment yet."""
+    from tqdm import tqdm
+
+    from clawproxy.store import Store
+    from judge.voters import build_voter
+    from judge.worker import Worker, pending_count
+
+    cfg = _config(config_path, data_dir=data_dir, **{"judge.voter": voter, "judge.votes": votes})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s judge %(levelname)s %(message)s")
+    stop = threading.Event()
+
+    def _stop(signum, _frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        store = Store(cfg.db_path)
+        worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size)
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
+    total = None if follow else pending_count(store)
+    if limit is not None and total is not None:
+        total = min(total, limit)
+    bar = tqdm(total=total, desc=f"judging ({worker.voter.name}, m={worker.votes})", unit="turn",
+               disable=no_progress, file=sys.stderr, dynamic_ncols=True)
+    try:
+        n = worker.run(follow, cfg.judge.poll_interval_s, stop, limit=limit, progress=bar.update)
+    finally:
+        bar.close()
+        store.close()
+    click.echo(f"judged {n} turn(s) into {cfg.db_path}")
+
+
+@judge.command("eval", context_settings=CONTEXT_SETTINGS)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config file (for judge.votes and the LLM voter's endpoint).")
+@click.option("--voter", "voters", type=click.Choice(EVAL_VOTERS), multiple=True,
+              help="Voter(s) to score (repeatable; default: embedding and lexical, plus llm when "
+                   "--llm-url or --local-model is given).")
+@click.option("--split", type=click.Choice(["heldout", "train", "all"]), default="heldout",
+              show_default=True, help="Which labeled cases (held-out is never tuned on).")
+@click.option("--votes", type=int, default=None, help="Votes per case (default judge.votes).")
+@click.option("--llm-url", default=None, help="OpenAI-compatible base URL for the llm voter.")
+@click.option("--llm-model", default=None, help="Model name for the llm voter.")
+@click.option("--local-model", default=None,
+              help="Run the llm voter in-process with transformers on this model ('default' = the 135M).")
+@click.option("--data-dir", default=None, help="Where --local-model caches a converted model.")
+@click.option("-n", "--limit", type=int, default=None, help="Only the first N cases (quick looks).")
+@click.option("--errors", "show_errors", is_flag=True, help="List the misjudged case ids.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model, data_dir, limit,
+             show_errors, as_json) -> None:
+    """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases."""
+    import orjson
+    from rich.console import Console
+    from tqdm import tqdm
+
+    from judge.eval.dataset import load_cases
+    from judge.eval.evaluate import evaluate, render
+    from judge.voters import build_voter
+
+    cfg = _config(config_path, data_dir=data_dir, **{"judge.votes": votes, "judge.llm_url": llm_url,
+                                                     "judge.llm_model": llm_model})
+    if not voters:
+        voters = ("embedding", "lexical") + (("llm",) if (llm_url or local_model) else ())
+    cases = load_cases(split)[:limit] if limit else load_cases(split)
+    console = Console()
+    reports = []
+    for name in voters:
+        if name == "llm" and local_model:
+            from judge.eval.local_llm import LocalLLMVoter
+
+            voter = LocalLLMVoter(local_model, cfg.data_path, cfg.judge.temperature,
+                                  max_tokens=cfg.judge.llm_max_tokens)
+        else:
+            voter = build_voter(cfg, name)
+        with tqdm(total=len(cases), desc=f"eval {name}", unit="case", file=sys.stderr,
+                  disable=as_json) as bar:
+            report = evaluate(voter, cases, cfg.judge.votes, split, progress=bar.update)
+        reports.append(report)
+        if not as_json:
+            render(report, console, show_errors=show_errors)
+    if as_json:
+        click.echo(orjson.dumps([r.as_dict() for r in reports], option=orjson.OPT_INDENT_2).decode())

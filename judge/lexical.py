@@ -221,7 +221,7 @@ TOOL_ERROR = _rx(
     r"(?<!\b0 )\bfailed\b",
     r"\btimed out\b",
     r'"status"\s*:\s*"error"',
-    r'"error"\s*:\s*(?!null)',
+    r'"error"\s*:\s*(?!\s|null)',
     r"\bHTTP [45]\d\d\b",
     r"\bsegmentation fault\b",
     r"\bpanic:",

@@ -156,9 +156,13 @@ What happened next ({who}):
 {next_state}"""
 
 _SCORE = re.compile(r"^\W*score\W*[:=]\s*\**\s*([-+−]?\s*[01])(?![\d.])", re.IGNORECASE | re.MULTILINE)
-_HINT = re.compile(r"^\W*hint\W*[:=]\s*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
+_HINT = re.compile(r"^\W*hint\W*[:=]\s*\**\s*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _NO_HINT = {"", "none", "n/a", "na", "-", "null", "no hint", "none."}
+
+
+class VoterUnavailable(RuntimeError):
+    """The voter's endpoint could not be reached; the turn should be retried later."""
 
 
 class MalformedVote(ValueError):
@@ -237,9 +241,14 @@ class LLMVoter:
         return str(out["choices"][0]["message"].get("content") or "")
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
+        """One sampled verdict. An unreachable endpoint raises ``VoterUnavailable`` (the worker
+        retries the turn later: an outage is not a verdict); a reply that is not an OpenAI chat
+        completion, or an answer off the format, is a failed vote."""
         try:
             raw = self.complete(render_prompt(inp))
-        except (urllib.error.URLError, OSError, KeyError, ValueError, RuntimeError) as e:
+        except (urllib.error.URLError, OSError) as e:  # HTTPError, refused, timeout
+            raise VoterUnavailable(f"{self.base_url}: {e}") from e
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
             return Vote(None, raw=None, error=f"{type(e).__name__}: {e}")
         try:
             score, hint = parse_vote(raw)

@@ -1,0 +1,170 @@
+"""The judge worker: score every trainable main turn that has a next state, once.
+
+Loop: pick turns (kind main, trainable, next state present, no judgment row), cast m votes outside
+any transaction (voting is slow), then write every vote and the judgment in ONE transaction that
+first re-checks that no judgment exists. So:
+
+- a crash (or SIGKILL) mid-turn leaves nothing behind for that turn: it is picked up again later;
+- two workers racing on one turn cannot both write it (BEGIN IMMEDIATE + the re-check, backed by
+  the judgments primary key and UNIQUE(turn_id, idx) on votes);
+- a vote that raises is not a verdict: the turn is retried on a later poll with backoff, and only
+  after ``max_attempts`` are the raising votes recorded as failed votes, so a broken turn cannot
+  block the queue forever. Expected failures (an LLM answer in the wrong format) are failed votes
+  right away.
+
+The worker runs standalone (``clawproxy judge run``) or under ``clawproxy start`` (the supervisor
+spawns ``clawproxy judge run --follow``); either way it only reads and writes the store, so it
+never slows the proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clawproxy.store import Store
+from judge.extract import from_turn
+from judge.voters import Vote, Voter, final_hint, majority
+
+log = logging.getLogger(__name__)
+
+PENDING_SQL = """
+    SELECT t.* FROM turns t
+    LEFT JOIN judgments j ON j.turn_id = t.id
+    WHERE t.kind = 'main' AND t.trainable = 1 AND t.next_state IS NOT NULL AND j.turn_id IS NULL
+    ORDER BY t.id
+"""
+
+
+def pending_count(store: Store) -> int:
+    row = store.query_one(f"SELECT COUNT(*) AS n FROM ({PENDING_SQL})")
+    return int(row["n"]) if row else 0
+
+
+def pending_turns(store: Store, limit: int, exclude: set[int] | None = None) -> list[dict[str, Any]]:
+    """Up to ``limit`` unjudged turns, oldest first, skipping ids in ``exclude`` (backing off)."""
+    exclude = exclude or set()
+    rows = store.query(PENDING_SQL + " LIMIT ?", (limit + len(exclude),))
+    return [r for r in rows if r["id"] not in exclude][:limit]
+
+
+@dataclass
+class _Retry:
+    attempts: int
+    not_before: float
+
+
+@dataclass
+class Worker:
+    store: Store
+    voter: Voter
+    votes: int = 3
+    batch_size: int = 16
+    max_attempts: int = 3
+    backoff_s: float = 2.0
+    judged: int = 0
+    _retry: dict[int, _Retry] = field(default_factory=dict)
+
+    def cast_votes(self, turn: dict[str, Any], final_attempt: bool) -> list[Vote] | None:
+        """m votes, or None if a vote raised and the turn should be retried later."""
+        inp = from_turn(turn)
+        votes: list[Vote] = []
+        for idx in range(self.votes):
+            try:
+                votes.append(self.voter.vote(inp, idx))
+            except Exception as e:
+                log.warning("judge: voter %s raised on turn %s vote %d: %s: %s",
+                            self.voter.name, turn["id"], idx, type(e).__name__, e)
+                if not final_attempt:
+                    return None
+                votes.append(Vote(None, error=f"{type(e).__name__}: {e}"))
+        return votes
+
+    def write(self, turn_id: int, votes: list[Vote]) -> int | None:
+        """Write the votes and the judgment atomically; None if the turn was judged meanwhile."""
+        score = majority(votes)
+        hint = final_hint(votes, score)
+        now = time.time()
+        with self.store.transaction() as conn:
+            if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
+                return None
+            # Votes without a judgment can only come from an older writer; this one replaces them.
+            conn.execute("DELETE FROM votes WHERE turn_id=?", (turn_id,))
+            conn.executemany(
+                "INSERT INTO votes (turn_id, idx, voter, raw, score, hint, error, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(turn_id, i, self.voter.name, v.raw, v.score, v.hint, v.error, now)
+                 for i, v in enumerate(votes)],
+            )
+            conn.execute(
+                "INSERT INTO judgments (turn_id, score, hint, voter, created_at) VALUES (?, ?, ?, ?, ?)",
+                (turn_id, score, hint, self.voter.name, now),
+            )
+        return score
+
+    def judge_turn(self, turn: dict[str, Any]) -> int | None:
+        """Judge one turn; returns the score written, or None (retry later / already judged)."""
+        tid = int(turn["id"])
+        retry = self._retry.get(tid)
+        attempt = (retry.attempts if retry else 0) + 1
+        try:
+            votes = self.cast_votes(turn, final_attempt=attempt >= self.max_attempts)
+        except Exception as e:  # building the input failed: same policy as a raising voter
+            log.warning("judge: turn %s could not be prepared: %s: %s", tid, type(e).__name__, e)
+            votes = None if attempt < self.max_attempts else [Vote(None, error=f"{type(e).__name__}: {e}")] * self.votes
+        if votes is None:
+            delay = min(self.backoff_s * 2 ** (attempt - 1), 300.0)
+            self._retry[tid] = _Retry(attempt, time.monotonic() + delay)
+            return None
+        self._retry.pop(tid, None)
+        score = self.write(tid, votes)
+        if score is not None:
+            self.judged += 1
+        return score
+
+    def run_once(self, limit: int | None = None, progress: Callable[[int], Any] | None = None,
+                 stop: threading.Event | None = None) -> int:
+        """Judge the pending turns (up to ``limit``); returns how many were written."""
+        written = 0
+        while limit is None or written < limit:
+            now = time.monotonic()
+            waiting = {t for t, r in self._retry.items() if r.not_before > now}
+            n = self.batch_size if limit is None else min(self.batch_size, limit - written)
+            turns = pending_turns(self.store, n, exclude=waiting)
+            if not turns:
+                break
+            for turn in turns:
+                if stop is not None and stop.is_set():
+                    return written
+                if self.judge_turn(turn) is not None:
+                    written += 1
+                    if progress is not None:
+                        progress(1)
+                if limit is not None and written >= limit:
+                    break
+            if all(t["id"] in self._retry for t in turns):
+                break  # everything left is backing off; let the caller sleep
+        return written
+
+    def run(self, follow: bool, poll_interval_s: float, stop: threading.Event,
+            limit: int | None = None, progress: Callable[[int], Any] | None = None) -> int:
+        """One pass, or with ``follow`` poll until ``stop`` is set (SIGTERM) or ``limit`` is reached."""
+        total = 0
+        while not stop.is_set():
+            left = None if limit is None else limit - total
+            total += self.run_once(left, progress=progress, stop=stop)
+            if limit is not None and total >= limit:
+                break
+            if not follow:
+                if not self._retry:
+                    break
+                # One pass still owes the turns that are backing off: wait for the earliest.
+                wait = max(0.0, min(r.not_before for r in self._retry.values()) - time.monotonic())
+                stop.wait(wait)
+                continue
+            stop.wait(poll_interval_s)
+        return total

@@ -1,0 +1,96 @@
+"""The LLM voter against a loopback OpenAI-compatible fake (vLLM cannot run here)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from clawproxy.config import load_config
+from judge.extract import JudgeInput
+from judge.voters import LLMVoter, VoterUnavailable, build_voter
+
+INP = JudgeInput(request="Explain recursion.", response="(600 words)", next_state="too long, 2 lines max",
+                 role="user")
+
+
+class FakeEngine:
+    """Answers /v1/models and /v1/chat/completions with queued replies; records request bodies."""
+
+    def __init__(self, replies: list[str]):
+        self.replies = list(replies)
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, obj, status=200):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send({"object": "list", "data": [{"id": "judge-model", "object": "model"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                outer.requests.append(body)
+                content = outer.replies.pop(0) if outer.replies else "Score: 0"
+                self._send({"id": "x", "object": "chat.completion", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-engine", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def test_llm_votes_parse_and_sample_at_temperature():
+    replies = ["Score: -1\nHint: Answer in two lines.", "I think it was fine", "Score: +1\nHint: none"]
+    with FakeEngine(replies) as fake:
+        voter = LLMVoter(fake.url + "/v1", temperature=0.9)
+        votes = [voter.vote(INP, i) for i in range(3)]
+    assert [v.score for v in votes] == [-1, None, 1]
+    assert votes[0].hint == "Answer in two lines."
+    assert votes[1].error.startswith("malformed") and votes[1].raw == "I think it was fine"
+    body = fake.requests[0]
+    assert body["model"] == "judge-model" and body["temperature"] == 0.9 and body["stream"] is False
+    prompt = body["messages"][1]["content"]
+    assert "Explain recursion." in prompt and "too long, 2 lines max" in prompt  # request in context
+
+
+def test_missing_llm_hint_falls_back_to_the_users_words():
+    with FakeEngine(["Score: -1\nHint: none"]) as fake:
+        vote = LLMVoter(fake.url, model="m").vote(INP, 0)
+    assert vote.score == -1 and "2 lines max" in vote.hint
+
+
+def test_unreachable_endpoint_raises_so_the_turn_is_retried():
+    with FakeEngine([]) as fake:
+        url = fake.url
+    with pytest.raises(VoterUnavailable):
+        LLMVoter(url, model="m", timeout_s=2).vote(INP, 0)
+
+
+def test_build_voter_defaults_to_the_engine_not_the_proxy():
+    cfg = load_config(None, {"judge.voter": "llm", "engine.port": 9123})
+    voter = build_voter(cfg)
+    assert isinstance(voter, LLMVoter) and voter.base_url == "http://127.0.0.1:9123"
+    cfg = load_config(None, {"judge.voter": "llm", "proxy.upstream": "http://10.0.0.5:8000/v1",
+                             "judge.llm_url": None})
+    assert build_voter(cfg).base_url == "http://10.0.0.5:8000"
