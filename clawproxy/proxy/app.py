@@ -392,20 +392,28 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
                   cap: Capture | None, strip: Added, watch: _ClientWatch) -> web.StreamResponse:
     """Pass the event stream through as it arrives; a copy of each read goes to the capture."""
     resp = web.StreamResponse(status=up.status, headers=headers)
-    framer = EventFramer(strip) if strip else None
-    chunks = cap.chunks if cap is not None else None
+    framer = None
+    chunks = None
     if cap is not None:
         cap.stream = True
+        if strip:
+            # We parse the events that carry our fields anyway: the recorder gets those objects.
+            cap.events = []
+            framer = EventFramer(strip, cap.events)
+        else:
+            chunks = cap.chunks
     await resp.prepare(request)
     try:
         async for data in up.content.iter_any():
-            if chunks is not None:
-                if not chunks and cap is not None:
-                    cap.t_first = time.perf_counter()
+            if cap is not None and cap.t_first is None:
+                cap.t_first = time.perf_counter()
+            if framer is not None:
+                data = framer.feed(data)
+                if not data:
+                    continue
+            elif chunks is not None:
                 chunks.append(data)
-            out = framer.feed(data) if framer is not None else data
-            if out:
-                await resp.write(out)
+            await resp.write(data)
         if framer is not None and (tail := framer.flush()):
             await resp.write(tail)
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

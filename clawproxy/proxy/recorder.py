@@ -25,7 +25,7 @@ import orjson
 
 from clawproxy.config import Config
 from clawproxy.proxy.sessions import SessionTracker, body_hash
-from clawproxy.proxy.sse import assemble_json, assemble_stream
+from clawproxy.proxy.sse import assemble_events, assemble_json, assemble_stream
 from clawproxy.store import Store
 
 log = logging.getLogger("clawproxy.recorder")
@@ -46,6 +46,7 @@ class Capture:
     status: str = "ok"
     error: str | None = None
     chunks: list[bytes] = field(default_factory=list)
+    events: list[bytes | dict[str, Any]] | None = None  # whole events, when the hot path framed them
     header_weight_version: int | None = None
     t_first: float | None = None
     t_end: float | None = None
@@ -55,8 +56,11 @@ def parse_capture(cap: Capture) -> dict[str, Any]:
     """Turn a capture into a plain, JSON-serializable record (also the spool format)."""
     raw = b"".join(cap.chunks)
     asm = None
-    if raw and cap.http_status is not None and cap.http_status < 400:
-        asm = assemble_stream(raw) if cap.stream else assemble_json(raw)
+    if cap.http_status is not None and cap.http_status < 400:
+        if cap.events is not None:
+            asm = assemble_events(cap.events)
+        elif raw:
+            asm = assemble_stream(raw) if cap.stream else assemble_json(raw)
     status, error = cap.status, cap.error
     if asm is not None and asm.error and status == "ok":
         status, error = "error", asm.error

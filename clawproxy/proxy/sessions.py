@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -94,13 +95,38 @@ def normalize_message(msg: Any) -> tuple:
     return (role, text, calls, tcid)
 
 
+# OpenClaw re-sends the same ~40 KB system prompt and history every call; normalizing it (regex
+# passes over every message) is most of the tracker's cost, so digests of long texts are cached.
+_DIGESTS: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+_DIGEST_CACHE_SIZE = 512
+_DIGEST_LOCK = threading.Lock()  # several apps (tests) may share the process
+
+
+def message_digest(m: Any) -> bytes:
+    """Digest of ``normalize_message(m)``."""
+    key = None
+    if isinstance(m, dict) and isinstance(m.get("content"), str) and len(m) == 2 and "role" in m:
+        key = (m["role"], m["content"])
+        with _DIGEST_LOCK:
+            d = _DIGESTS.get(key)
+            if d is not None:
+                _DIGESTS.move_to_end(key)
+                return d
+    d = hashlib.blake2b(orjson.dumps(normalize_message(m)), digest_size=16).digest()
+    if key is not None and len(key[1]) > 256:
+        with _DIGEST_LOCK:
+            _DIGESTS[key] = d
+            if len(_DIGESTS) > _DIGEST_CACHE_SIZE:
+                _DIGESTS.popitem(last=False)
+    return d
+
+
 def prefix_hashes(messages: list[Any]) -> list[bytes]:
     """h[k] identifies the normalized ``messages[:k]`` (h[0] is the empty prefix)."""
     h = hashlib.blake2b(digest_size=16).digest()
     out = [h]
     for m in messages:
-        d = hashlib.blake2b(orjson.dumps(normalize_message(m)), digest_size=16).digest()
-        h = hashlib.blake2b(h + d, digest_size=16).digest()
+        h = hashlib.blake2b(h + message_digest(m), digest_size=16).digest()
         out.append(h)
     return out
 
@@ -229,7 +255,8 @@ def trainability(rec: dict[str, Any], kind: str) -> str:
 
 
 def next_state_after(
-    messages: list[Any], prompt_len: int | None, prompt_hash: bytes | None
+    messages: list[Any], prompt_len: int | None, prompt_hash: bytes | None,
+    hashes: list[bytes] | None = None,
 ) -> list[dict[str, Any]] | None:
     """The messages that followed the assistant turn answering a ``prompt_len``-message prompt.
 
@@ -245,7 +272,8 @@ def next_state_after(
         and len(msgs) > prompt_len + 1
         and isinstance(msgs[prompt_len], dict)
         and msgs[prompt_len].get("role") == "assistant"
-        and prefix_hashes(msgs[:prompt_len])[-1] == prompt_hash
+        and (hashes[prompt_len] if hashes is not None and len(hashes) > prompt_len
+             else prefix_hashes(msgs[:prompt_len])[-1]) == prompt_hash
     ):
         start = prompt_len + 1
     else:
@@ -405,19 +433,20 @@ class SessionTracker:
             self._remember(self._recent, bh, (turn_id, now, rec["status"], sid))
 
         if st is not None and kind == "main" and messages:
-            self._link(store, st, messages, turn_id)
+            self._link(store, st, messages, turn_id, hashes)
             if rec["status"] == "ok":
                 st.pending = _Pending(turn_id, len(prompt), hashes[-1], reason)
                 self._remember(self._prefix_index, hashes[-1], sid)
         return turn_id
 
-    def _link(self, store: Store, st: _SessionState, messages: list[Any], turn_id: int) -> None:
+    def _link(self, store: Store, st: _SessionState, messages: list[Any], turn_id: int,
+              hashes: list[bytes]) -> None:
         """This main request carries the next state of the session's previous main turn."""
         p = st.pending
         if p is None:
             return
         st.pending = None
-        ns = next_state_after(messages, p.prompt_len, p.prompt_hash)
+        ns = next_state_after(messages, p.prompt_len, p.prompt_hash, hashes)
         if ns is None:
             if p.reason == "pending":
                 store.update("turns", "id", p.turn_id, {"reason": "no_next_state"})

@@ -58,41 +58,72 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(parts)
 
 
-def strip_obj(obj: Any, added: Added) -> bool:
-    """Remove the fields we added from one response object (chunk or full body). True if changed."""
+def strip_obj(obj: Any, added: Added, undo: list | None = None) -> bool:
+    """Remove the fields we added from one response object (chunk or full body). True if changed.
+
+    With ``undo``, records what was removed so ``restore`` can put it back (the hot path strips
+    a chunk, serializes it for the client, then hands the original object to the recorder).
+    """
     if not isinstance(obj, dict):
         return False
     changed = False
     if added.token_ids and "prompt_token_ids" in obj:
-        del obj["prompt_token_ids"]
+        v = obj.pop("prompt_token_ids")
+        if undo is not None:
+            undo.append((obj, "prompt_token_ids", v))
         changed = True
     for choice in obj.get("choices") or ():
         if not isinstance(choice, dict):
             continue
         if added.token_ids and "token_ids" in choice:
-            del choice["token_ids"]
+            v = choice.pop("token_ids")
+            if undo is not None:
+                undo.append((choice, "token_ids", v))
             changed = True
         if added.logprobs and choice.get("logprobs") is not None:
+            if undo is not None:
+                undo.append((choice, "logprobs", choice["logprobs"]))
             # OpenAI-shaped servers send "logprobs": null when not asked; keep that shape.
             choice["logprobs"] = None
             changed = True
     return changed
 
 
-def strip_event(event: bytes, added: Added) -> bytes:
-    """One SSE event with our added fields removed; the original bytes when nothing was added."""
+def restore(undo: list) -> None:
+    for container, key, value in undo:
+        container[key] = value
+
+
+def strip_event(event: bytes, added: Added, sink: list | None = None) -> bytes:
+    """One SSE event with our added fields removed; the original bytes when nothing was added.
+
+    ``sink`` receives what the recorder needs: the parsed (unstripped) chunk when we had to parse
+    it anyway, else the raw event bytes.
+    """
     if b'"token_ids"' not in event and b'"logprobs"' not in event:  # prompt_token_ids too
+        if sink is not None:
+            sink.append(event)
         return event
     data = event_data(event)
-    if data is None or data == b"[DONE]":
+    obj = None
+    if data is not None and data != b"[DONE]":
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+    if obj is None:
+        if sink is not None:
+            sink.append(event)
         return event
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return event
-    if not strip_obj(obj, added):
-        return event
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    undo: list = []
+    if not strip_obj(obj, added, undo):
+        out = event
+    else:
+        out = b"data: " + orjson.dumps(obj) + b"\n\n"
+        restore(undo)
+    if sink is not None:
+        sink.append(obj)
+    return out
 
 
 def strip_body(body: bytes, added: Added) -> bytes:
@@ -112,22 +143,25 @@ class EventFramer:
     Holds back at most one unfinished event; everything complete is released immediately.
     """
 
-    __slots__ = ("_added", "_rest")
+    __slots__ = ("_added", "_rest", "_sink")
 
-    def __init__(self, added: Added):
+    def __init__(self, added: Added, sink: list | None = None):
         self._added = added
         self._rest = b""
+        self._sink = sink
 
     def feed(self, data: bytes) -> bytes:
         buf = self._rest + data if self._rest else data
         events, self._rest = split_events(buf)
         if not events:
             return b""
-        return b"".join([strip_event(e, self._added) for e in events])
+        if len(events) == 1:
+            return strip_event(events[0], self._added, self._sink)
+        return b"".join([strip_event(e, self._added, self._sink) for e in events])
 
     def flush(self) -> bytes:
         rest, self._rest = self._rest, b""
-        return strip_event(rest, self._added) if rest else b""
+        return strip_event(rest, self._added, self._sink) if rest else b""
 
 
 # -- reassembly (recorder thread) ----------------------------------------------------------------
@@ -258,11 +292,19 @@ class _StreamState:
 
 def assemble_stream(raw: bytes) -> Assembled:
     """Rebuild one turn from the raw SSE bytes the upstream sent (as received, unstripped)."""
-    state = _StreamState()
     events, rest = split_events(raw)
     if rest.strip():
         events.append(rest)
+    return assemble_events(events)
+
+
+def assemble_events(events: list[bytes | dict[str, Any]]) -> Assembled:
+    """Rebuild one turn from whole events: raw bytes, or chunks the hot path already parsed."""
+    state = _StreamState()
     for i, ev in enumerate(events):
+        if isinstance(ev, dict):
+            state.chunk(ev)
+            continue
         if i % 16 == 15:
             # Runs in the recorder thread: hand the GIL to the event loop often, or every chunk
             # the proxy forwards meanwhile waits for the interpreter's 5 ms switch interval.
