@@ -146,7 +146,7 @@ async def health(request: web.Request) -> web.Response:
     rec = request.app[RECORDER_KEY]
     return _json({
         "status": "ok",
-        "upstream": request.app[CONFIG_KEY].proxy.upstream,
+        "upstream": str(URL(request.app[CONFIG_KEY].proxy.upstream).with_user(None)),
         "upstream_ready": ready() if callable(ready) else None,
         "store_ok": rec.store_ok,
     })

@@ -204,7 +204,7 @@ def classify(body: dict[str, Any], stream: bool) -> str | None:
         "Pre-compaction memory flush."
     ):
         return "memory_flush"
-    if last_user.startswith("Follow the heartbeat monitor") or "[OpenClaw heartbeat poll]" in last_user:
+    if is_heartbeat_prompt(last_user):
         return "heartbeat"
     if (
         not stream
@@ -215,6 +215,12 @@ def classify(body: dict[str, Any], stream: bool) -> str | None:
     ):
         return "probe"
     return None
+
+
+def is_heartbeat_prompt(text: str) -> bool:
+    """OpenClaw's heartbeat poll (WIRE.md §2.7), not something the user said."""
+    t = text.lstrip()
+    return t.startswith("Follow the heartbeat monitor") or "[OpenClaw heartbeat poll]" in t
 
 
 def is_degenerate(text: str) -> bool:
@@ -284,9 +290,18 @@ def next_state_after(
     if start is None:
         return None
     out: list[dict[str, Any]] = []
+    skip_reply = False
     for m in msgs[start:]:
-        if not isinstance(m, dict) or m.get("role") == "assistant":
+        if not isinstance(m, dict):
             break
+        if m.get("role") == "assistant":
+            if skip_reply:  # the heartbeat's own answer (NO_REPLY), not a turn of this exchange
+                skip_reply = False
+                continue
+            break
+        if m.get("role") == "user" and is_heartbeat_prompt(message_text(m)):
+            skip_reply = True
+            continue
         if not is_ctx(m):
             out.append(m)
     return out or None

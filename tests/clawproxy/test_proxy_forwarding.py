@@ -93,3 +93,34 @@ async def test_models_and_other_paths(rig):
         assert echo["headers"].get("x-keep") == "2" and "x-drop" not in echo["headers"]
     async with rig.client.get(rig.url + "/nope") as r:
         assert r.status == 404
+
+
+async def test_stream_is_not_buffered(rig):
+    import time
+
+    t0 = time.perf_counter()
+    arrivals = []
+    async with rig.client.post(rig.url + "/v1/chat/completions", json=_body(),
+                               headers={"x-fake-chunks": "5", "x-fake-delay-ms": "150"}) as r:
+        while data := await r.content.readany():
+            if b"pong" in data or b"part" in data:
+                arrivals.append(time.perf_counter() - t0)
+    # Each content chunk arrives on its own, ~150 ms apart, not all at the end.
+    assert len(arrivals) >= 4, arrivals
+    assert arrivals[0] < 0.3 and arrivals[-1] - arrivals[0] > 0.4, arrivals
+
+
+async def test_concurrent_streams_recorded_separately(rig):
+    import asyncio
+
+    async def one(i: int):
+        status, _, raw = await rig.chat(_body(f"user {i}"), {"session_id": f"c{i}:0", "x-fake-delay-ms": "5"})
+        assert status == 200 and f"pong: user {i}".encode() in raw
+
+    await asyncio.gather(*(one(i) for i in range(12)))
+    await rig.wait_recorded(12)
+    turns = rig.turns()
+    assert sorted(t["session_id"] for t in turns) == sorted(f"c{i}" for i in range(12))
+    for t in turns:
+        assert t["response_text"] == f"pong: user {t['session_id'][1:]} part1 part2 part3"
+        assert t["completion_token_ids"] == [100, 101, 102, 103]

@@ -91,6 +91,11 @@ def test_next_state_tolerates_rerendering():
     # History rewritten (compaction): fall back to what follows the last assistant message.
     assert next_state_after(replay, 3, b"other") == [{"role": "user", "content": "thanks"}]
     assert next_state_after([{"role": "user", "content": "x"}, CTX_MSG], 3, b"") is None
+    # A heartbeat exchange between the turn and the user's reply is not the user's reaction.
+    hb = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+          {"role": "user", "content": "Follow the heartbeat monitor scratch context when provided."},
+          {"role": "assistant", "content": "NO_REPLY"}, {"role": "user", "content": "thanks"}, CTX_MSG]
+    assert next_state_after(hb, 1, prefix_hashes(hb[:1])[-1]) == [{"role": "user", "content": "thanks"}]
 
 
 def test_degenerate():
