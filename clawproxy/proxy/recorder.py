@@ -229,7 +229,7 @@ class Recorder:
             if rec.get("weight_version") is None:
                 hv = rec.get("header_weight_version")
                 rec["weight_version"] = hv if hv is not None else self.store.latest_weight_version()
-                if rec.get("weight_versions") is None and rec.get("response_text") is not None:
+                if rec.get("weight_versions") is None and rec["status"] == "ok":
                     rec["weight_versions"] = [rec["weight_version"]]
             self.tracker.ingest(self.store, rec)
         except Exception as e:

@@ -418,7 +418,8 @@ class SessionTracker:
                 )
                 if row:
                     prev = (row["id"], row["created_at"], row["status"], row["session_id"])
-            if prev and now - prev[1] <= self.retry_window_s:
+            # Same body from another session (two users both saying "hi") is not a retry.
+            if prev and now - prev[1] <= self.retry_window_s and (sid is None or sid == prev[3]):
                 retry_of = prev
                 sid = sid or prev[3]
         if retry_of and retry_of[2] == "ok":

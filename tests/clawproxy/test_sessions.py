@@ -204,10 +204,13 @@ async def test_retry_keeps_one(rig):
     await rig.chat(retry, {"x-session-id": "r1"})
     await rig.chat(retry, {"x-session-id": "r1"})
     await rig.wait_recorded(3)
-    failed, kept, dup = rig.turns()
+    await rig.chat(retry, {"x-session-id": "other-user"})  # same body, another session: not a retry
+    await rig.wait_recorded(4)
+    failed, kept, dup, other = rig.turns()
     assert (failed["kind"], failed["status"], failed["http_status"]) == ("retry", "error", 500)
     assert (kept["kind"], kept["status"], kept["reason"]) == ("main", "ok", "pending")
     assert (dup["kind"], dup["reason"]) == ("retry", "retry")
+    assert (other["kind"], other["session_id"]) == ("main", "other-user")
 
 
 async def test_idle_sessions_finalized(make_rig):
