@@ -56,6 +56,10 @@ def _ts(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
+def _ts_short(t: float | None) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(t)) if t else "-"
+
+
 def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z" if t else None
 
@@ -120,15 +124,16 @@ def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: 
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} session(s)", title_justify="left")
-    for col, kw in (("session", {"overflow": "fold"}), ("source", {}), ("first seen", {}),
-                    ("last seen", {}), ("main", {"justify": "right"}), ("side", {"justify": "right"}),
-                    ("trainable", {"justify": "right"}), ("score", {"justify": "right"}),
+    for col, kw in (("session", {"overflow": "fold", "min_width": 12}), ("source", {}),
+                    ("first", {"no_wrap": True}), ("last", {"no_wrap": True}),
+                    ("main", {"justify": "right"}), ("side", {"justify": "right"}),
+                    ("train", {"justify": "right"}), ("score", {"justify": "right"}),
                     ("state", {})):
         table.add_column(col, **kw)
     for r in rows:
         score = (f"{r['mean_score']:+.2f} ({r['judged_turns']})"
                  if r.get("mean_score") is not None else "-")
-        table.add_row(r["id"], r["source"], _ts(r["first_seen"]), _ts(r["last_seen"]),
+        table.add_row(r["id"], r["source"], _ts_short(r["first_seen"]), _ts_short(r["last_seen"]),
                       str(r["main_turns"] or 0), str(r["side_turns"] or 0),
                       str(r["trainable_turns"] or 0), score,
                       "finalized" if r.get("finalized_at") else "open")
@@ -154,9 +159,8 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
     title = (f"session {sid}  ({sess['source']}, {sess.get('session_key') or 'no key'}, "
              f"first {_ts(sess['first_seen'])}, last {_ts(sess['last_seen'])})")
     table = Table(title=title, title_justify="left", show_lines=True)
-    for col in ("#", "time", "kind", "status", "finish", "trainable", "user", "response",
-                "next state", "score"):
-        table.add_column(col, overflow="fold")
+    for col in ("#", "time", "kind", "status", "train", "user", "response", "next state", "score"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("#", "time"))
     for t in turns:
         msgs = [m for m in (t.get("request_messages") or []) if isinstance(m, dict)]
         users = [m for m in msgs if m.get("role") in ("user", "tool")
@@ -168,9 +172,10 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
         ns = t.get("next_state") or []
         ns_txt = f"{t.get('next_state_role')}: " + " | ".join(_short(_text(m), 60) for m in ns) if ns else "-"
         kind = t["kind"] + (f"/{t['side_kind']}" if t.get("side_kind") else "")
-        table.add_row(str(t.get("turn_index")), _ts(t["created_at"]), kind,
-                      f"{t['status']} {t.get('http_status') or ''}".strip(), t.get("finish_reason") or "-",
-                      ("yes" if t["trainable"] else "no") + f" ({t.get('reason')})",
+        status = f"{t['status']} {t.get('http_status') or ''} {t.get('finish_reason') or ''}"
+        table.add_row(str(t.get("turn_index")), time.strftime("%H:%M:%S", time.localtime(t["created_at"])),
+                      kind, " ".join(status.split()),
+                      "yes" if t["trainable"] else f"no: {t.get('reason')}",
                       _short(_text(users[-1]) if users else "", 60), _short(resp, 80), ns_txt,
                       str(t["judge_score"]) if t.get("judge_score") is not None else "-")
     Console().print(table)
