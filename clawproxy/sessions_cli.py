@@ -124,19 +124,18 @@ def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: 
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} session(s)", title_justify="left")
-    for col, kw in (("session", {"overflow": "fold", "min_width": 12}), ("source", {}),
+    for col, kw in (("session", {"overflow": "fold", "min_width": 12}),
                     ("first", {"no_wrap": True}), ("last", {"no_wrap": True}),
                     ("main", {"justify": "right"}), ("side", {"justify": "right"}),
-                    ("train", {"justify": "right"}), ("score", {"justify": "right"}),
-                    ("state", {})):
+                    ("trainable", {"justify": "right"}), ("judge", {"justify": "right"})):
         table.add_column(col, **kw)
     for r in rows:
         score = (f"{r['mean_score']:+.2f} ({r['judged_turns']})"
                  if r.get("mean_score") is not None else "-")
-        table.add_row(r["id"], r["source"], _ts_short(r["first_seen"]), _ts_short(r["last_seen"]),
+        sid = r["id"] + (" (done)" if r.get("finalized_at") else "")
+        table.add_row(sid, _ts_short(r["first_seen"]), _ts_short(r["last_seen"]),
                       str(r["main_turns"] or 0), str(r["side_turns"] or 0),
-                      str(r["trainable_turns"] or 0), score,
-                      "finalized" if r.get("finalized_at") else "open")
+                      str(r["trainable_turns"] or 0), score)
     Console().print(table)
 
 
