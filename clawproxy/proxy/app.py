@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,8 @@ UPSTREAM_KEY = web.AppKey("clawproxy_upstream", aiohttp.ClientSession)
 RECORDER_KEY = web.AppKey("clawproxy_recorder", Recorder)
 READY_KEY = web.AppKey("clawproxy_upstream_ready", object)
 STATS_KEY = web.AppKey("clawproxy_stats", ProxyStats)
+# Request ids: one random prefix per app start plus a counter (uuid4 per request costs a syscall).
+IDS_KEY = web.AppKey("clawproxy_ids", Iterator[str])
 
 
 def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> web.Application:
@@ -80,6 +83,8 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app[CONFIG_KEY] = cfg
     app[READY_KEY] = upstream_ready
     app[STATS_KEY] = ProxyStats(started_at=time.time())
+    prefix = uuid.uuid4().hex[:16]
+    app[IDS_KEY] = (f"{prefix}-{i}" for i in itertools.count(1))
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(_upstream_ctx)  # cleaned up first: no request outlives the recorder
     app.router.add_get("/clawproxy/health", health)
@@ -290,7 +295,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     st.requests += 1
     is_chat = request.method == "POST" and request.path in CHAT_PATHS
     t0 = time.perf_counter()
-    rid = uuid.uuid4().hex
+    rid = next(app[IDS_KEY])
     cap: Capture | None = None
     added = Added()
     try:
