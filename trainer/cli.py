@@ -126,13 +126,14 @@ def rollback(version, config_path, data_dir, engine_url, no_engine) -> None:
     from clawproxy.errors import ClawproxyError
     from clawproxy.store import Store
     from trainer.checkpoints import rollback as do_rollback
+    from trainer.loop import local_model_dir
 
     cfg = _config(config_path, data_dir)
     store = Store(cfg.db_path)
     try:
         url = None if no_engine else (engine_url or f"http://{cfg.engine.host}:{cfg.engine.port}")
         engine = _engine(cfg, url, store)
-        base_dir = resolve_model(cfg.engine.model, cfg.data_path)
+        base_dir = local_model_dir(resolve_model(cfg.engine.model, cfg.data_path))
         new, source = do_rollback(store, engine, base_dir, version)
     except ClawproxyError as e:
         raise click.ClickException(e.message + ("" if no_engine else " (is the engine running? --engine-url, or --no-engine)")) from e

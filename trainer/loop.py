@@ -90,7 +90,7 @@ class Trainer:
         self.store = store
         self.engine = engine
         self.accelerator = accelerator or Accelerator()
-        self.base_dir = Path(resolve_model(cfg.engine.model, cfg.data_path))
+        self.base_dir = local_model_dir(resolve_model(cfg.engine.model, cfg.data_path))
         self.ckpt_root = checkpoints_root(cfg.data_path)
         self.tokenizer = load_tokenizer(self.base_dir)
         self.current: Version = current_version(store, self.base_dir)
@@ -123,6 +123,13 @@ class Trainer:
                     break
                 if on_wait:
                     on_wait(len(samples))
+                time.sleep(self.tcfg.poll_interval_s)
+                continue
+            if self.engine is not None and not self.engine.health():
+                # publishing would fail: wait for the engine (the supervisor restarts it)
+                if not follow:
+                    raise EngineError(f"engine at {self.engine.base_url} is not answering /health")
+                log.warning("engine not healthy; waiting before training")
                 time.sleep(self.tcfg.poll_interval_s)
                 continue
             result = self.step(samples)
@@ -311,9 +318,12 @@ class Trainer:
                 try:
                     self.engine.load_weights(str(out_dir), version, lora=self.is_lora)
                 except EngineError as e:
-                    log.error("engine refused v%d: %s; keeping v%d", version, e.message, base)
+                    log.error("engine did not take v%d: %s; keeping v%d", version, e.message, base)
                     m["engine_error"] = e.message
-                    step_id = self._record(samples, m, "error", None)
+                    # refused (4xx): the checkpoint is the problem, the samples are used up;
+                    # unreachable (5xx): the samples stay untrained and are retried
+                    consumed = samples if e.status < 500 else []
+                    step_id = self._record(consumed, m, "error", None)
                     self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
                     import shutil
 
@@ -350,6 +360,10 @@ class Trainer:
                     f.rename(tmp / f.name)
                 nested.rmdir()
         else:
+            # written in the engine's dtype: fp32 master weights would double the checkpoint size
+            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.cfg.engine.dtype)
+            if dtype is not None:
+                state_dict = {k: v.to(dtype) for k, v in (state_dict or model.state_dict()).items()}
             model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(str(tmp))
 
@@ -388,6 +402,19 @@ class Trainer:
         inner.state.clear()
         self.current = version
         self.canary = None  # recomputed from the restored weights before the next step
+
+
+def local_model_dir(spec: Path | str) -> Path:
+    """A local directory for the base model (version 0): the trainer reloads it from disk after a
+    refused step, and hands its path to the engine on `rollback 0`. A Hugging Face id (the GPU
+    configs name Qwen/Qwen3-4B) resolves to its snapshot in the HF cache, downloaded if needed
+    and allowed by the user's HF settings."""
+    path = Path(spec)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(spec), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
 
 
 def _jsonable(value: Any) -> Any:
