@@ -91,6 +91,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app.router.add_get("/clawproxy/stats", stats)
     app.router.add_route("*", "/v1/{tail:.*}", forward)
     app.router.add_route("*", "/v1", forward)
+    app.router.add_route("*", "/{tail:.*}", not_found)
     return app
 
 
@@ -167,6 +168,11 @@ async def stats(request: web.Request) -> web.Response:
         "uptime_s": round(time.time() - s.started_at, 3),
         **request.app[RECORDER_KEY].stats(),
     })
+
+
+async def not_found(request: web.Request) -> web.Response:
+    return _error(404, f"{request.path} is not served here: the API is under /v1/, the proxy's "
+                  "own endpoints under /clawproxy/", "not_found_error", "not_found")
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -329,6 +335,14 @@ async def forward(request: web.Request) -> web.StreamResponse:
             cap.status, cap.error, cap.t_end = "aborted", "client disconnected", time.perf_counter()
             app[RECORDER_KEY].submit(cap)
         raise
+    except Exception as e:  # a bug of ours: logged with its traceback, never shown to the client
+        log.exception("proxy error on %s %s", request.method, request.path)
+        st.errors += 1
+        if cap is not None and cap.t_end is None:
+            cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
+            cap.error = f"proxy error: {type(e).__name__}: {e}"
+            app[RECORDER_KEY].submit(cap)
+        return _error(500, "internal proxy error; see the clawproxy log", "server_error")
     finally:
         st.in_flight -= 1
         await watch.stop()

@@ -93,6 +93,7 @@ async def test_models_and_other_paths(rig):
         assert echo["headers"].get("x-keep") == "2" and "x-drop" not in echo["headers"]
     async with rig.client.get(rig.url + "/nope") as r:
         assert r.status == 404
+        assert (await r.json())["error"]["code"] == "not_found"
 
 
 async def test_stream_is_not_buffered(rig):
