@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ from typing import Any
 import orjson
 
 from clawproxy.config import Config
+from clawproxy.errors import StoreError
 from clawproxy.proxy.sessions import SessionTracker, body_hash
 from clawproxy.proxy.sse import assemble_events, assemble_json, assemble_stream
 from clawproxy.store import Store
 
 log = logging.getLogger("clawproxy.recorder")
+# What "the store failed" looks like (spool and retry); anything else is a bug in the recorder.
+STORE_FAILURES = (sqlite3.Error, StoreError, OSError)
 
 
 @dataclass(slots=True)
@@ -232,7 +236,7 @@ class Recorder:
                 if rec.get("weight_versions") is None and rec["status"] == "ok":
                     rec["weight_versions"] = [rec["weight_version"]]
             self.tracker.ingest(self.store, rec)
-        except Exception as e:
+        except STORE_FAILURES as e:
             self.tracker.forget()
             self.store_ok = False
             self.last_error = f"store write failed: {e}"
@@ -240,22 +244,30 @@ class Recorder:
                       rec["request_id"], e, self.spool_path)
             self._spool(rec)
             return False
+        except Exception:
+            # A bug of ours, not the store: replaying would fail again, so keep it aside.
+            self.tracker.forget()
+            log.exception("cannot record turn %s; kept in %s", rec["request_id"],
+                          self.data_dir / "rejected.jsonl")
+            self._spool(rec, self.data_dir / "rejected.jsonl")
+            return False
         self.recorded += 1
         if not self.store_ok:
             self.store_ok = True
             self._replay_spool()
         return True
 
-    def _spool(self, rec: dict[str, Any]) -> None:
+    def _spool(self, rec: dict[str, Any], path: Path | None = None) -> None:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(path or self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, orjson.dumps(rec) + b"\n")
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self.spooled += 1
+            if path is None:
+                self.spooled += 1
         except OSError as e:
             self.dropped += 1
             log.error("cannot spool turn %s to %s (%s): record lost", rec["request_id"], self.spool_path, e)
@@ -300,12 +312,17 @@ class Recorder:
                         replayed += 1
                         self.recorded += 1
                         continue
-                    except Exception as e:
+                    except STORE_FAILURES as e:
                         self.tracker.forget()
                         self.store_ok = False
                         self.last_error = f"store write failed during replay: {e}"
                         log.error("spool replay failed (%s); keeping the rest", e)
                         broken = True
+                    except Exception:
+                        self.tracker.forget()
+                        log.exception("spool: cannot replay turn; moved to rejected.jsonl")
+                        self._spool(rec, self.data_dir / "rejected.jsonl")
+                        continue
                 failed += 1
                 self._append_spool_line(line)
             work.unlink()
