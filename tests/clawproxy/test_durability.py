@@ -115,3 +115,27 @@ async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
         assert oct((data / "clawproxy.db").stat().st_mode & 0o777) == "0o600"
     finally:
         st.close()
+
+
+async def test_write_failure_spools_and_replays_on_next_success(rig, tmp_path):
+    await rig.chat(_body("first"), {"x-session-id": "wf"})
+    await rig.wait_recorded(1)
+    other = Store(rig.cfg.db_path)  # a second connection breaks inserts for real, with a trigger
+    other.execute("CREATE TRIGGER fail BEFORE INSERT ON turns BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
+    try:
+        status, _, _ = await rig.chat(_body("during failure"), {"x-session-id": "wf"})
+        assert status == 200
+        for _ in range(100):
+            s = await rig.stats()
+            if s["spool_records"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert s["store_ok"] is False and "disk on fire" in s["last_error"], s
+    finally:
+        other.execute("DROP TRIGGER fail")
+        other.close()
+    await rig.chat(_body("after"), {"x-session-id": "wf"})
+    await rig.wait_recorded(3)
+    texts = [t["response_text"].split(" part")[0] for t in rig.turns()]
+    assert sorted(texts) == ["pong: after", "pong: during failure", "pong: first"]
+    assert (await rig.stats())["spool_records"] == 0
