@@ -151,11 +151,13 @@ async def _drain(s: aiohttp.ClientSession, proxy: str) -> None:
     for _ in range(600):
         async with s.get(proxy + "/clawproxy/stats") as r:
             if (await r.json())["queue_depth"] == 0:
-                return
+                break
         await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the last batch taken off the queue is still being written
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    load0 = Path("/proc/loadavg").read_text().split()[0]
     py = sys.executable
     up_proc, up_port = _start([py, "-m", "tests.clawproxy.fake_upstream", "--port", "0"], "PORT")
     upstream = f"http://127.0.0.1:{up_port}"
@@ -245,6 +247,8 @@ async def main_async(args: argparse.Namespace) -> None:
           f"{med['sat_direct_rps']:.1f} direct, ratio {med['sat_ratio']:.2f}   (nginx ~0.9, LiteLLM ~0.01)")
     print(f"  recorder: {stats['turns_recorded']} turns recorded, queue {stats['queue_depth']}, "
           f"spool {stats['spool_records']}, dropped {stats['dropped']}")
+    print(f"  machine: {os.cpu_count()} CPUs, load average {load0} at start, "
+          f"{Path('/proc/loadavg').read_text().split()[0]} at end")
 
 
 def main() -> None:
