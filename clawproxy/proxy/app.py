@@ -269,10 +269,11 @@ class _ClientWatch:
     this makes the proxy behave the same under any runner the supervisor picks.
     """
 
-    __slots__ = ("gone", "_request", "_task", "_watcher")
+    __slots__ = ("done", "gone", "_request", "_task", "_watcher")
 
     def __init__(self, request: web.Request, rid: str):
         self.gone = False
+        self.done = False  # set by the handler once it is finishing: no cancel after that
         self._request = request
         self._task = asyncio.current_task()
         self._watcher = asyncio.create_task(self._run(), name=f"clawproxy-client-watch-{rid}")
@@ -281,6 +282,8 @@ class _ClientWatch:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             tr = self._request.transport
+            if self.done:
+                return
             if tr is None or tr.is_closing():
                 self.gone = True
                 if self._task is not None:
@@ -288,6 +291,7 @@ class _ClientWatch:
                 return
 
     async def stop(self) -> None:
+        self.done = True
         self._watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watcher
