@@ -34,8 +34,10 @@ _RUNTIME_AGENT_RE = re.compile(r"Runtime:\s*agent=([^\s|]+)")
 _THINK_RE = re.compile(r"<(think|thinking|thought|reasoning)>.*?</\1>\s*", re.S)
 _WS_RE = re.compile(r"\s+")
 _NON_ALNUM = re.compile(r"[^A-Za-z0-9]")
-# Re-rendered timestamps differ between an original request and OpenClaw's retry of it.
-_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?|\d{1,2}:\d{2} ?[AP]M")
+# Re-rendered timestamps differ between an original request and OpenClaw's retry of it ("23:01"
+# vs "23:02"). Masking ":MM" / ":SS" is enough and, with a literal first character, ~100x faster
+# than a full date-time pattern over a 50 KB body (this runs in the recorder, holding the GIL).
+_TIME_RE = re.compile(r":\d\d(?:\.\d+)?")
 
 
 # -- message helpers -----------------------------------------------------------------------------
