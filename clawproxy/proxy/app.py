@@ -60,6 +60,8 @@ class ProxyStats:
     aborted: int = 0
     in_flight: int = 0
     started_at: float = 0.0
+    # Set when the upstream rejected the token fields we add (not vLLM-compatible): stop adding.
+    token_fields_refused: bool = False
 
 
 CONFIG_KEY = web.AppKey("clawproxy_config", Config)
@@ -317,11 +319,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
                                            if (v := request.headers.get(k))})
             obj = _parse_chat_body(request, body)
             cap.body = obj
-            if cfg.proxy.record_tokens:
+            if cfg.proxy.record_tokens and not st.token_fields_refused:
                 added = Added(logprobs="logprobs" not in obj,
                               token_ids="return_token_ids" not in obj)
-                if added:
-                    body = _splice_fields(body, added.logprobs, added.token_ids)
     except RequestError as e:
         st.errors += 1
         if cap is not None:
@@ -332,6 +332,17 @@ async def forward(request: web.Request) -> web.StreamResponse:
     st.in_flight += 1
     watch = _ClientWatch(request, rid)
     try:
+        if added:
+            resp = await _proxy(request, _splice_fields(body, added.logprobs, added.token_ids),
+                                cap, added, watch)
+            if resp is not _REFUSED:
+                return resp
+            st.token_fields_refused = True
+            log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
+                        "token ids from now on (set proxy.record_tokens: false to silence this)")
+            added = Added()
+            if cap is not None:
+                cap.http_status = cap.header_weight_version = None
         return await _proxy(request, body, cap, added, watch)
     except asyncio.CancelledError:
         st.aborted += 1
@@ -371,6 +382,9 @@ def _upstream_failure(request: web.Request, cap: Capture | None, exc: BaseExcept
     return _error(status, msg, type_, headers=headers)
 
 
+_REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token fields
+
+
 async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
                  watch: _ClientWatch) -> web.StreamResponse:
     app = request.app
@@ -398,6 +412,8 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
             data = await up.read()
         except (TimeoutError, aiohttp.ClientError) as e:
             return _upstream_failure(request, cap, e)
+        if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
+            return _REFUSED  # the caller retries once without the fields we added
         if cap is not None:
             cap.t_first = cap.t_end = time.perf_counter()
             cap.chunks.append(data)

@@ -11,6 +11,7 @@ tests do not interfere:
     x-fake-chunks   number of content chunks (default 4)
     x-fake-delay-ms pause between chunks
     x-fake-gzip     1: gzip the response body (even an event stream)
+    x-fake-reject-tokens 1: answer 400 to requests with logprobs/return_token_ids (not vLLM)
     x-fake-stamp    1: each chunk carries ``sent_ns`` (time.monotonic_ns() when written), so a
                     client on the same machine can measure per-chunk delivery latency
 
@@ -110,6 +111,10 @@ class FakeUpstream:
                 {"error": {"message": f"fake failure {status}", "type": "server_error",
                            "param": None, "code": None}},
                 status=status, headers={"Retry-After": "1"} if status == 429 else None)
+        if h.get("x-fake-reject-tokens") == "1" and ("return_token_ids" in body or "logprobs" in body):
+            return web.json_response({"error": {"message": "Extra inputs are not permitted: "
+                                                "return_token_ids", "type": "BadRequestError",
+                                                "param": None, "code": 400}}, status=400)
         if mode == "hang":
             await asyncio.sleep(3600)
         n = int(h.get("x-fake-chunks", "4"))

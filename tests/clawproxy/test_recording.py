@@ -66,3 +66,18 @@ async def test_truncated_and_degenerate_not_trainable(rig):
     a, b = rig.turns()
     assert (a["reason"], a["trainable"]) == ("truncated", 0)
     assert (b["reason"], b["trainable"]) == ("degenerate", 0)
+
+
+async def test_upstream_without_token_fields_still_works(rig):
+    # An upstream that rejects vLLM's extras: the proxy retries without them and stops adding them.
+    for i in range(2):
+        status, _, raw = await rig.chat(_body(f"plain {i}"), {"x-session-id": "nv", "x-fake-reject-tokens": "1"})
+        assert status == 200 and f"pong: plain {i}".encode() in raw
+    assert [("logprobs" in r.body) for r in rig.fake.received] == [True, False, False]
+    await rig.wait_recorded(2)
+    a, b = rig.turns()
+    assert a["status"] == "ok" and a["completion_token_ids"] is None and a["trainable"] == 0
+    assert (await rig.stats())["requests"] == 2
+    # The client's own 400s are not mistaken for that.
+    status, _, _ = await rig.chat(_body("x", logprobs=True), {"x-fake-status": "400"})
+    assert status == 400
