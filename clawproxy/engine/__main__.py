@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["raw_logprobs", "processed_logprobs"],
                    help="raw: log_softmax of raw logits (vLLM's default); processed: after "
                         "temperature and top_p")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: half the CPUs, see core.default_threads)")
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights at start")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)

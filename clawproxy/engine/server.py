@@ -263,6 +263,7 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
         seed=seed,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        ignore_eos=bool(body.get("ignore_eos", False)),
     )
     return ChatJob(
         prompt_ids=list(prompt_ids),

@@ -87,10 +87,23 @@ def _check_against(
                 f"the served model has {tuple(ref.shape)}",
                 code="shape_mismatch",
             )
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.is_floating_point() and not _all_finite(tensor):
             raise _refuse(f"checkpoint {where}: {name} contains NaN or inf", code="non_finite")
         out[name] = tensor.to(ref.dtype)
     return out
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """True when no element is NaN or inf.
+
+    A sum is one streaming pass with no tensor-sized temporary (``isfinite().all()`` allocates a
+    bool per element: 0.65 s vs 0.08 s for the default model; a float64 sum is slower still);
+    any NaN or inf makes the sum non-finite. Only an overflowing sum of finite values would also
+    be non-finite, so that case is settled by the exact check.
+    """
+    if bool(torch.isfinite(tensor.sum())):
+        return True
+    return bool(torch.isfinite(tensor).all())
 
 
 def load_full_checkpoint(path: str | Path, reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
