@@ -404,26 +404,19 @@ class SessionTracker:
                     if hit:
                         sid, source = hit, "prefix"
                         break
-            if sid is None and kind == "main":
-                sid, source = f"anon-{uuid.uuid4().hex[:12]}", "new"
 
-        # Retries: an identical body within the window keeps only one trainable copy.
+        # Retries: an identical body within the window keeps only one trainable copy. Known
+        # bodies live in memory (bounded): a retry that straddles a restart counts as a new turn.
         bh = rec.get("body_hash")
         retry_of = None
-        if bh and messages:
-            prev = self._recent.get(bh)
-            if prev is None:
-                row = store.query_one(
-                    "SELECT id, created_at, status, session_id FROM turns WHERE body_hash=? "
-                    "AND kind != 'retry' AND created_at >= ? ORDER BY id DESC LIMIT 1",
-                    (bh, now - self.retry_window_s),
-                )
-                if row:
-                    prev = (row["id"], row["created_at"], row["status"], row["session_id"])
-            # Same body from another session (two users both saying "hi") is not a retry.
-            if prev and now - prev[1] <= self.retry_window_s and (sid is None or sid == prev[3]):
-                retry_of = prev
-                sid = sid or prev[3]
+        prev = self._recent.get(bh) if bh and messages else None
+        # Same body from another session (two users both saying "hi") is not a retry.
+        if prev and now - prev[1] <= self.retry_window_s and (sid is None or sid == prev[3]):
+            retry_of = prev
+            if sid is None and prev[3] is not None:
+                sid, source = prev[3], "retry"
+        if sid is None and messages and kind == "main":
+            sid, source = f"anon-{uuid.uuid4().hex[:12]}", "new"
         if retry_of and retry_of[2] == "ok":
             kind = "retry"
         elif retry_of:

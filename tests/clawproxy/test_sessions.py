@@ -231,3 +231,13 @@ async def test_idle_sessions_finalized(make_rig):
         assert st.query_one("SELECT finalized_at FROM sessions WHERE id='idle'")["finalized_at"]
     finally:
         st.close()
+
+
+async def test_retry_without_identity_joins_the_same_session(rig):
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "anonymous q"}]}
+    await rig.chat(body, {"x-fake-status": "429"})
+    await rig.chat(body)
+    await rig.wait_recorded(2)
+    failed, kept = rig.turns()
+    assert failed["session_id"].startswith("anon-") and kept["session_id"] == failed["session_id"]
+    assert (failed["kind"], kept["kind"], kept["reason"]) == ("retry", "main", "pending")
