@@ -64,8 +64,9 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     total = None if follow else pending_count(store)
     if limit is not None and total is not None:
         total = min(total, limit)
+    # Under `clawproxy start` stderr is a log file, not a terminal: log lines instead of a bar.
     bar = tqdm(total=total, desc=f"judging ({worker.voter.name}, m={worker.votes})", unit="turn",
-               disable=no_progress, file=sys.stderr, dynamic_ncols=True)
+               disable=no_progress or not sys.stderr.isatty(), file=sys.stderr, dynamic_ncols=True)
     try:
         n = worker.run(follow, cfg.judge.poll_interval_s, stop, limit=limit, progress=bar.update)
     finally:

@@ -1,8 +1,9 @@
 """Voters and the majority vote.
 
 A voter turns one ``JudgeInput`` into a ``Vote``: a score in {+1, 0, -1} or None for a failed vote
-(an exception, a malformed LLM answer), plus an optional OPD hint and the raw output kept for the
-record. ``majority`` combines m votes. Three voters exist:
+(a malformed LLM answer), plus an optional OPD hint and the raw output kept for the record. A
+voter that raises (an unreachable endpoint, a bug) is not a verdict: the worker retries the turn
+later (judge/worker.py). ``majority`` combines m votes. Three voters exist:
 
 - ``embedding`` (CPU default): bagged logistic heads over sentence embeddings + lexical cues.
 - ``llm``: any OpenAI-compatible chat endpoint (the engine by default), sampled at a temperature,
@@ -198,7 +199,7 @@ def render_prompt(inp: JudgeInput) -> list[dict[str, str]]:
 
 
 class LLMVoter:
-    """Asks an OpenAI-compatible chat endpoint; a malformed answer or HTTP failure is a failed vote."""
+    """Asks an OpenAI-compatible chat endpoint about user next states (tool results go by rule)."""
 
     name = "llm"
 
@@ -244,6 +245,8 @@ class LLMVoter:
         """One sampled verdict. An unreachable endpoint raises ``VoterUnavailable`` (the worker
         retries the turn later: an outage is not a verdict); a reply that is not an OpenAI chat
         completion, or an answer off the format, is a failed vote."""
+        if inp.role == "tool":
+            return tool_vote(inp)
         try:
             raw = self.complete(render_prompt(inp))
         except (urllib.error.URLError, OSError) as e:  # HTTPError, refused, timeout

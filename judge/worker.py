@@ -148,6 +148,9 @@ class Worker:
                     break
             if all(t["id"] in self._retry for t in turns):
                 break  # everything left is backing off; let the caller sleep
+        if written:
+            log.info("judged %d turn(s) with %s (m=%d); %d in total", written, self.voter.name,
+                     self.votes, self.judged)
         return written
 
     def run(self, follow: bool, poll_interval_s: float, stop: threading.Event,
