@@ -95,7 +95,8 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
     lr = 1e-4 if finetune == "lora" else 1e-5
     cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model,
                              "trainer.finetune": finetune, "trainer.batch_size": args.batch_size,
-                             "trainer.learning_rate": lr, "trainer.keep_checkpoints": 2})
+                             "trainer.learning_rate": lr, "trainer.keep_checkpoints": 2,
+                             "trainer.threads": args.threads})
     store = Store(cfg.db_path)
     trainer = Trainer(cfg, store)
     from trainer.batch import select_samples
@@ -128,6 +129,8 @@ def run_baseline(args: argparse.Namespace) -> dict:
     from trainer.policy import load_tokenizer
 
     base = Path(resolve_model(args.model))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tok = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32).to(args.device)
     model.train()
@@ -177,7 +180,9 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
     port = _free_port()
     log = open(data / "engine.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--model", str(base), "--port", str(port),
-                             "--data-dir", str(data), "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT)
+                             "--data-dir", str(data), "--log-level", "WARNING"]
+                            + (["--threads", str(args.threads)] if args.threads else []),
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -190,7 +195,8 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
                     raise RuntimeError((data / "engine.log").read_text()[-2000:]) from None
                 time.sleep(0.5)
         cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model,
-                                 "trainer.batch_size": args.batch_size, "trainer.keep_checkpoints": 2})
+                                 "trainer.batch_size": args.batch_size, "trainer.keep_checkpoints": 2,
+                                 "trainer.threads": args.threads})
         store = Store(cfg.db_path)
         engine = EngineClient(url)
         trainer = Trainer(cfg, store, engine)
@@ -223,6 +229,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--completion-tokens", type=int, default=100)
     p.add_argument("--no-engine", action="store_true", help="skip the batch-ready -> serving measurement")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads for trainer and baseline (and the engine); 1 on a busy shared CPU")
     p.add_argument("--one", choices=["full", "lora", "baseline", "engine"], help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -237,7 +245,8 @@ def main() -> None:
     for mode in modes:
         cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--device", args.device,
                "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-               "--completion-tokens", str(args.completion_tokens)]
+               "--completion-tokens", str(args.completion_tokens)] + (
+                   ["--threads", str(args.threads)] if args.threads else [])
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -250,7 +259,8 @@ def main() -> None:
         print(json.dumps(r))
 
     print(f"\nmodel={args.model} device={args.device} batch={args.batch_size} x ~{args.completion_tokens} "
-          f"completion tokens, {args.steps} timed steps, torch threads={os.cpu_count()}")
+          f"completion tokens, {args.steps} timed steps, torch threads={args.threads or 'default'}, "
+          f"cores={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'mode':34} {'tokens/s':>9} {'step s':>8} {'peak MB':>9}")
     for r in results:
         if "tokens_per_s" in r:

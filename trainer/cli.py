@@ -63,8 +63,9 @@ def _format_step(r: Any) -> str:
 @click.option("--lora", "finetune", flag_value="lora", default=None, help="Train a LoRA adapter.")
 @click.option("--full", "finetune", flag_value="full", help="Full fine-tuning.")
 @click.option("--batch-size", type=int, default=None, help="Override trainer.batch_size.")
+@click.option("--threads", type=int, default=None, help="Override trainer.threads (torch CPU threads).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def train(config_path, data_dir, engine_url, follow, steps, method, finetune, batch_size, verbose) -> None:
+def train(config_path, data_dir, engine_url, follow, steps, method, finetune, batch_size, threads, verbose) -> None:
     """Train on judged turns and publish new weights to the engine.
 
     Each step waits for trainer.batch_size useful samples, takes one optimizer step, gates the
@@ -78,7 +79,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = _config(config_path, data_dir, **{"trainer.method": method, "trainer.finetune": finetune,
-                                            "trainer.batch_size": batch_size})
+                                            "trainer.batch_size": batch_size, "trainer.threads": threads})
     console = Console(highlight=False)
     store = Store(cfg.db_path)
     last_wait = [-1]

@@ -87,6 +87,8 @@ class Trainer:
 
         self.cfg = cfg
         self.tcfg = cfg.trainer
+        if self.tcfg.threads:
+            torch.set_num_threads(self.tcfg.threads)
         self.store = store
         self.engine = engine
         self.accelerator = accelerator or Accelerator()

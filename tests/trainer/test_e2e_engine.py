@@ -26,7 +26,7 @@ def test_train_step_publishes_into_running_engine(tmp_path, tiny_model_dir):
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
                              "trainer.batch_size": 4, "trainer.learning_rate": 1e-3})
     store = Store(cfg.db_path)
-    with engine_process(tiny_model_dir, tmp_path / "engine") as url:
+    with engine_process(tiny_model_dir, tmp_path / "engine", "--threads", "1") as url:
         for i, q in enumerate(QUESTIONS):
             messages, body = _completion(url, q, i)
             choice = body["choices"][0]

@@ -28,7 +28,10 @@ def rig(tmp_path, tiny_model_dir):
 
     def make(**trainer):
         overrides = {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
-                     "trainer.batch_size": 2, "trainer.learning_rate": 1e-3}
+                     "trainer.batch_size": 2, "trainer.learning_rate": 1e-3,
+                     # two short canaries keep the gate real but cheap on a shared 2-core CPU
+                     "trainer.canary_prompts": ["What is the capital of France?", "List three colors."],
+                     "trainer.canary_max_tokens": 12}
         overrides.update({f"trainer.{k}": v for k, v in trainer.items()})
         cfg = load_config(None, overrides)
         return cfg, Store(cfg.db_path)
@@ -155,39 +158,41 @@ def test_lora_trains_only_the_adapter_and_publishes_it(rig, tiny_model_dir):
 
 
 def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
-    cfg, store = rig(keep_checkpoints=2)
-    _add(store, tiny_model_dir, 6)
+    cfg, store = rig(keep_checkpoints=1)
+    _add(store, tiny_model_dir, 4)
     tr = _trainer(cfg, store)
-    assert [r.new_version for r in tr.run()] == [1, 2, 3]
+    assert [r.new_version for r in tr.run()] == [1, 2]
     ck = cfg.data_path / "checkpoints"
-    assert not (ck / "v1").exists() and (ck / "v2").exists() and (ck / "v3").exists()
+    assert not (ck / "v1").exists() and (ck / "v2").exists()
     assert store.query_one("SELECT status FROM checkpoints WHERE version=1")["status"] == "deleted"
 
-    new, source = rollback(store, None, tiny_model_dir)  # default: the previous version
-    assert (new, source.version) == (4, 2)
+    new, source = rollback(store, None, tiny_model_dir)  # default: the previous version still on disk
+    assert (new, source.version) == (3, 0)
     cur = current_version(store, tiny_model_dir)
-    assert cur.version == 4 and cur.path == ck / "v2"
+    assert cur.version == 3 and cur.path == tiny_model_dir
     tr.sync()  # a running trainer follows the rollback
-    assert tr.current.version == 4
-    v2 = load_file(str(ck / "v2" / "model.safetensors"))
-    torch.testing.assert_close(tr.model.state_dict()["model.norm.weight"], v2["model.norm.weight"])
+    assert tr.current.version == 3
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    torch.testing.assert_close(tr.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
 
     config_file = tmp_path / "cfg.yaml"
-    config_file.write_text(f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 2\n")
+    config_file.write_text(
+        f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 2\n  canary_max_tokens: 12\n"
+    )
     runner = CliRunner()
     res = runner.invoke(main, ["rollback", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file), "--no-engine"])
     assert res.exit_code != 0 and "deleted" in res.output
     res = runner.invoke(main, ["stats", "--json", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
-    assert data["current_version"] == 4 and data["rollbacks"][0]["to"] == 2
+    assert data["current_version"] == 3 and data["rollbacks"][0]["to"] == 0
     by_v = {v["version"]: v for v in data["versions"]}
-    assert by_v[1]["samples_trained"] == 2 and by_v[4]["source"] == "rollback to v2"
-    assert by_v[0]["served_turns"] == 6 and by_v[0]["mean_score"] == 0.0
+    assert by_v[1]["samples_trained"] == 2 and by_v[3]["source"] == "rollback to v0"
+    assert by_v[0]["served_turns"] == 4 and by_v[0]["mean_score"] == 0.0
     res = runner.invoke(main, ["stats", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
-    assert res.exit_code == 0 and "v3 -> weights of v2 as v4" in res.output
+    assert res.exit_code == 0 and "v2 -> weights of v0 as v3" in res.output
 
-    _add(store, tiny_model_dir, 2, seed=3, version=4)
+    _add(store, tiny_model_dir, 2, seed=3, version=3)
     res = runner.invoke(main, ["train", "--steps", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
     assert res.exit_code == 0, res.output
-    assert "v4 -> v5" in res.output
+    assert "v3 -> v4" in res.output
