@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         max_len = min(args.max_model_len, config_len)
         engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, max_model_len=max_len,
                         logprobs_mode=args.logprobs_mode, threads=args.threads,
-                        weight_version=args.weight_version)
+                        weight_version=args.weight_version,
+                        base_path=root if Path(str(root)).is_dir() else None)
         name = args.served_model_name or (
             DEFAULT_MODEL_NAME if args.model in ("default", "") else Path(str(args.model)).name
         )

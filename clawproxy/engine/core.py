@@ -99,6 +99,7 @@ class Engine:
         logprobs_mode: str = "raw_logprobs",
         threads: int | None = None,
         weight_version: int = 0,
+        base_path: str | Path | None = None,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
@@ -111,15 +112,21 @@ class Engine:
         self.device = next(model.parameters()).device
         self.eos_ids = _eos_ids(model, tokenizer)
         self._version = weight_version
-        # The base weights (a CPU copy) LoRA adapters are merged into.
-        self._base_state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
         self._reference = {k: v for k, v in model.state_dict().items()}
+        # LoRA adapters merge into the base weights: re-read (memory-mapped) from the model's
+        # checkpoint directory when there is one, else kept as a CPU copy.
+        self._base_path = Path(base_path) if base_path is not None else None
+        self._base_copy: dict[str, torch.Tensor] | None = None
+        if self._base_path is None or not _has_safetensors(self._base_path):
+            self._base_path = None
+            self._base_copy = {k: v.detach().to("cpu").clone() for k, v in self._reference.items()}
         self._cond = threading.Condition()
         self._pending: collections.deque[GenRequest] = collections.deque()
         self._active: list[GenRequest] = []
         self._controls: collections.deque[_Control] = collections.deque()
         self._pause_mode: str | None = None  # requested mode while pausing/paused
         self._parked = False  # worker acknowledged the pause
+        self._abort_requested = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         # batch state (worker thread only)
@@ -149,7 +156,8 @@ class Engine:
         return self._pause_mode is not None
 
     def load(self) -> dict[str, int]:
-        return {"pending": len(self._pending), "active": len(self._active)}
+        """Requests decoding now and waiting to start (for /health and tests)."""
+        return {"running": len(self._active), "waiting": len(self._pending)}
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -180,6 +188,7 @@ class Engine:
             raise EngineError(f"pause mode {mode!r}: use keep, wait or abort", status=400)
         with self._cond:
             self._pause_mode = mode
+            self._abort_requested = mode == "abort"
             self._cond.notify_all()
             if not self._cond.wait_for(lambda: self._parked or self._stopping, timeout):
                 raise EngineError("the engine did not pause in time", status=504)
@@ -201,8 +210,13 @@ class Engine:
     def load_lora(self, path: str | Path, version: int | None = None) -> int:
         """Merge a PEFT LoRA adapter into the base weights, validate, swap in atomically."""
         t0 = time.perf_counter()
-        merged = weights_mod.merge_lora(path, self._base_state)
-        state = dict(self._base_state)
+        if self._base_path is not None:
+            base = weights_mod.load_full_checkpoint(self._base_path, self._reference)
+        else:
+            assert self._base_copy is not None
+            base = self._base_copy
+        merged = weights_mod.merge_lora(path, base)
+        state = dict(base)
         state.update(merged)
         self._swap(state, version, full=True)
         log.info("merged LoRA %s as weight version %d in %.2fs", path, self._version, time.perf_counter() - t0)
@@ -249,7 +263,9 @@ class Engine:
                             self._controls.clear()
                             break
                         mode = self._pause_mode
-                        if mode == "abort" and (self._active or self._pending):
+                        if self._abort_requested:
+                            # Only what was in flight when pause(abort) came; later ones wait.
+                            self._abort_requested = False
                             self._abort_all("aborted by pause(mode=abort)")
                         if mode in ("keep", "abort") or (mode == "wait" and not self._active):
                             if not self._parked:
@@ -440,6 +456,10 @@ class _Control:
     fn: Callable[[], None]
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+
+
+def _has_safetensors(path: Path) -> bool:
+    return (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
 
 
 def default_threads() -> int:

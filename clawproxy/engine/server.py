@@ -116,7 +116,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> web.Application:
 async def health(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     return web.json_response(
-        {"status": "ok", "weight_version": engine.weight_version, "paused": engine.is_paused},
+        {"status": "ok", "weight_version": engine.weight_version, "paused": engine.is_paused,
+         **engine.load()},
         headers={"x-weight-version": str(engine.weight_version)},
     )
 

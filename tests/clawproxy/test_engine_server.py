@@ -208,3 +208,38 @@ def test_pause_keep_freezes_and_resumes_without_errors(engine_url):
         assert done and chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert waiting.result(60).status_code == 200
     assert not client.is_paused()
+
+
+def test_pause_abort_ends_streams_and_holds_new_requests(engine_url):
+    client = EngineClient(engine_url)
+    got = threading.Event()
+    req = {"messages": MSGS, "max_tokens": 500, "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(stream_chat, engine_url, req, lambda c: got.set())
+        assert got.wait(30)
+        client.pause("abort")
+        chunks, done, _ = running.result(30)
+        assert done and chunks[-1]["choices"][0]["finish_reason"] == "abort"
+        waiting = pool.submit(chat, engine_url, {"messages": MSGS, "max_tokens": 2})
+        time.sleep(0.3)
+        assert not waiting.done()
+        client.resume()
+        assert waiting.result(60).status_code == 200
+
+
+def test_client_disconnect_frees_the_slot(engine_url):
+    import json
+    import urllib.request
+
+    body = json.dumps({"messages": MSGS, "max_tokens": 1000, "stream": True}).encode()
+    r = urllib.request.urlopen(urllib.request.Request(
+        engine_url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}))
+    for _ in range(6):
+        r.readline()
+    assert get(engine_url + "/health").json()["running"] == 1
+    r.close()
+    deadline = time.monotonic() + 20
+    while get(engine_url + "/health").json()["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert get(engine_url + "/health").json()["running"] == 0
+    assert chat(engine_url, {"messages": MSGS, "max_tokens": 2}).status_code == 200
