@@ -54,12 +54,13 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     def _stop(signum, _frame):
         stop.set()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         store = Store(cfg.db_path)
         worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size)
     except ClawproxyError as e:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         raise click.ClickException(e.message) from e
     total = None if follow else pending_count(store)
     if limit is not None and total is not None:
@@ -72,6 +73,8 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     finally:
         bar.close()
         store.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     click.echo(f"judged {n} turn(s) into {cfg.db_path}")
 
 

@@ -183,3 +183,18 @@ def test_failed_vote_objects_count_as_failed():
     from judge.voters import majority
 
     assert majority([Vote(None, error="x"), Vote(None, error="y")]) == 0
+
+
+def test_run_command_limit(tmp_path):
+    from click.testing import CliRunner
+
+    from clawproxy.cli import main
+
+    store = Store(tmp_path / "clawproxy.db")
+    seed(store)
+    result = CliRunner().invoke(main, ["judge", "run", "--data-dir", str(tmp_path), "--voter", "lexical",
+                                       "--limit", "2", "--votes", "5"])
+    assert result.exit_code == 0, result.output
+    assert "judged 2 turn(s)" in result.output
+    assert counts(store) == (2, 10)
+    store.close()
