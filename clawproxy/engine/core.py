@@ -24,6 +24,7 @@ the sampler's distribution.
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import os
 import threading
@@ -84,6 +85,7 @@ class GenRequest:
     sent_chars: int = 0
     generator: torch.Generator | None = None
     finished: bool = False
+    kv_version: int = -1  # weight version that computed this request's first KV entries
 
 
 class Engine:
@@ -100,11 +102,18 @@ class Engine:
         threads: int | None = None,
         weight_version: int = 0,
         base_path: str | Path | None = None,
+        prefix_cache_entries: int = 4,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
         self.model = model
+        # HF fast tokenizers are not safe to share across threads ("Already borrowed": every
+        # __call__ resets truncation/padding through a mutable borrow). Request-side users
+        # (the HTTP handlers) share ``tokenizer`` under ``tokenizer_lock``; the worker
+        # detokenizes with its own copy.
         self.tokenizer = tokenizer
+        self.tokenizer_lock = threading.Lock()
+        self._detok = copy.deepcopy(tokenizer)
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.logprobs_mode = logprobs_mode
@@ -133,6 +142,12 @@ class Engine:
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self.steps = 0
+        # Prefix cache (worker thread only): KV of recently finished sequences, reused when a new
+        # prompt starts with one of them (OpenClaw re-sends the whole history every turn).
+        self.prefix_cache_entries = prefix_cache_entries
+        self._prefix: collections.OrderedDict[int, _PrefixEntry] = collections.OrderedDict()
+        self.prefix_hits = 0
+        self.prefix_tokens_reused = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -157,7 +172,9 @@ class Engine:
 
     def load(self) -> dict[str, int]:
         """Requests decoding now and waiting to start (for /health and tests)."""
-        return {"running": len(self._active), "waiting": len(self._pending)}
+        return {"running": len(self._active), "waiting": len(self._pending),
+                "prefix_cache_hits": self.prefix_hits,
+                "prefix_tokens_reused": self.prefix_tokens_reused}
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -231,8 +248,13 @@ class Engine:
                 for name, tensor in state.items():
                     params[name].copy_(tensor)
             self._version = new_version
+            self._prefix.clear()  # KV computed by the old weights must not seed new requests
 
         self._call_in_worker(apply)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (vLLM's /reset_prefix_cache)."""
+        self._call_in_worker(self._prefix.clear)
 
     def _call_in_worker(self, fn: Callable[[], None], timeout: float = 120.0) -> None:
         """Run ``fn`` in the worker thread between decode steps; wait for it; re-raise errors."""
@@ -300,14 +322,49 @@ class Engine:
         if req.cancelled:
             req.finished = True
             return
-        ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
-        cache = DynamicCache()
+        req.kv_version = self._version
+        cache, reused = self._cached_prefix(req.prompt_ids)
+        if cache is None:
+            cache = DynamicCache()
+        ids = torch.tensor([req.prompt_ids[reused:]], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :].float()
         self._sample_and_emit([req], logits)
         if req.finished:
+            self._remember(req, [(layer.keys, layer.values) for layer in cache.layers])
             return
         self._join(req, cache, len(req.prompt_ids))
+
+    def _cached_prefix(self, prompt: list[int]) -> tuple[Any, int]:
+        """A DynamicCache holding the longest cached prefix of ``prompt`` (None, 0 when none)."""
+        from transformers import DynamicCache
+
+        best, best_len = None, 0
+        for key, entry in self._prefix.items():
+            n = _common_prefix(entry.token_ids, prompt)
+            if n > best_len:
+                best, best_len = key, n
+        best_len = min(best_len, len(prompt) - 1)  # at least one token to compute logits from
+        if best is None or best_len < MIN_PREFIX_REUSE:
+            return None, 0
+        entry = self._prefix[best]
+        self._prefix.move_to_end(best)
+        self.prefix_hits += 1
+        self.prefix_tokens_reused += best_len
+        # Slices are safe to share: cache layers grow by torch.cat, never in place.
+        return DynamicCache(ddp_cache_data=[(k[:, :, :best_len], v[:, :, :best_len])
+                                            for k, v in entry.kv]), best_len
+
+    def _remember(self, req: GenRequest, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep a finished sequence's KV (batch 1, no padding) for later prompts to reuse."""
+        if self.prefix_cache_entries <= 0 or req.cancelled or req.kv_version != self._version:
+            return  # KV that spans a weight swap mixes two models: never reuse it
+        tokens = req.prompt_ids + req.completion_ids[:-1]  # the last sampled token was never fed
+        if len(tokens) < MIN_PREFIX_REUSE or kv[0][0].shape[2] != len(tokens):
+            return
+        self._prefix[id(req)] = _PrefixEntry(tokens, kv)
+        while len(self._prefix) > self.prefix_cache_entries:
+            self._prefix.popitem(last=False)
 
     def _join(self, req: GenRequest, cache: Any, length: int) -> None:
         """Add a prefilled row to the batch: left-pad the shorter side, concatenate on batch."""
@@ -349,9 +406,16 @@ class Engine:
         keep = [i for i, r in enumerate(self._active) if not (r.finished or r.cancelled)]
         if len(keep) == len(self._active):
             return
-        for r in self._active:
+        assert self._mask is not None
+        for i, r in enumerate(self._active):
             if r.cancelled and not r.finished:
                 r.finished = True
+            elif r.finished and self.prefix_cache_entries > 0:
+                pad = int((self._mask[i].cumsum(0) == 0).sum())
+                # Cloned: a view would keep the whole batch's KV tensor alive.
+                self._remember(r, [(layer.keys[i : i + 1, :, pad:].clone(),
+                                    layer.values[i : i + 1, :, pad:].clone())
+                                   for layer in self._cache.layers])
         if not keep:
             self._active, self._cache, self._mask = [], None, None
             return
@@ -396,7 +460,7 @@ class Engine:
         visible = req.completion_ids
         if tok in self.eos_ids and not req.params.ignore_eos:
             finish, stop_reason, visible = "stop", tok, req.completion_ids[:-1]
-        text = self.tokenizer.decode(visible, skip_special_tokens=True)
+        text = self._detok.decode(visible, skip_special_tokens=True)
         cut = len(text)
         if req.params.stop:
             start = max(0, req.sent_chars - max(len(s) for s in req.params.stop))
@@ -456,6 +520,23 @@ class _Control:
     fn: Callable[[], None]
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+
+
+MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth a cache lookup
+
+
+@dataclass
+class _PrefixEntry:
+    token_ids: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, heads, len(token_ids), dim]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _has_safetensors(path: Path) -> bool:

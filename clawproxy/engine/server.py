@@ -20,7 +20,7 @@ that produced that chunk's tokens; for a non-streamed response, those of its las
 
 Control routes (vLLM dev mode, ``vllm/entrypoints/serve/dev/rlhf/api_router.py``):
 ``POST /pause?mode=keep|wait|abort``, ``POST /resume``, ``GET /is_paused``,
-``POST /reset_prefix_cache`` (a no-op: this engine keeps no prefix cache),
+``POST /reset_prefix_cache`` (drops the engine's prefix cache; a reload also does),
 ``POST /collective_rpc`` (only ``method: "reload_weights"`` with ``kwargs.weights_path``, the
 call vLLM users make to reload from disk), ``POST /v1/load_lora_adapter``
 (``{"lora_name", "lora_path"}`` as vLLM's LoRA route; the adapter is merged into the base
@@ -244,7 +244,8 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
         )
     except Exception as err:  # jinja errors, templates that reject a role order...
         raise BadRequest(f"the chat template could not render these messages: {err}", "messages") from None
-    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    with engine.tokenizer_lock:
+        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     room = settings.max_model_len - len(prompt_ids)
     if room < 1 or (max_tokens is not None and max_tokens > room):
         asked = max_tokens or 1
@@ -288,14 +289,15 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
 class _TokenText:
     """Token id -> its text, cached (logprob entries name each token)."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
         self.cache: dict[int, str] = {}
 
     def __call__(self, tok: int) -> str:
         text = self.cache.get(tok)
         if text is None:
-            text = self.cache[tok] = self.tokenizer.decode([tok])
+            with self.engine.tokenizer_lock:
+                text = self.cache[tok] = self.engine.tokenizer.decode([tok])
         return text
 
 
@@ -342,7 +344,7 @@ async def _stream(
         }
     )
     await resp.prepare(request)
-    token_text = _TokenText(engine.tokenizer)
+    token_text = _TokenText(engine)
     parser = ToolCallStreamParser(enabled=job.parse_tools)
     base = {**meta, "object": "chat.completion.chunk"}
 
@@ -437,7 +439,7 @@ async def _complete(
     }
     logprobs = None
     if job.params.logprobs:
-        token_text = _TokenText(engine.tokenizer)
+        token_text = _TokenText(engine)
         logprobs = {"content": [e for ev in events for e in _logprob_entries(ev, token_text)]}
     choice: dict[str, Any] = {
         "index": 0,
@@ -528,6 +530,7 @@ async def is_paused(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
+    await asyncio.to_thread(request.app[ENGINE].reset_prefix_cache)
     return web.json_response({"status": "ok"})
 
 

@@ -243,3 +243,29 @@ def test_client_disconnect_frees_the_slot(engine_url):
         time.sleep(0.1)
     assert get(engine_url + "/health").json()["running"] == 0
     assert chat(engine_url, {"messages": MSGS, "max_tokens": 2}).status_code == 200
+
+
+def test_prefix_cache_reuse_is_exact(engine_url, tiny):
+    """A follow-up turn reuses the KV of the previous exchange; log-probs still match a fresh
+    forward pass, and /reset_prefix_cache empties the cache."""
+    model, _ = tiny
+    client = EngineClient(engine_url)
+    client.reset_prefix_cache()
+    first_msgs = [{"role": "user", "content": "Tell me about the moon and its phases."}]
+    first = chat(engine_url, {"messages": first_msgs, "max_tokens": 20, "temperature": 0,
+                              "return_token_ids": True}).json()
+    before = get(engine_url + "/health").json()
+    follow = first_msgs + [first["choices"][0]["message"], {"role": "user", "content": "And the sun?"}]
+    body = {"messages": follow, "max_tokens": 12, "temperature": 0, "logprobs": True,
+            "return_token_ids": True}
+    out = chat(engine_url, body).json()
+    after = get(engine_url + "/health").json()
+    assert after["prefix_cache_hits"] == before["prefix_cache_hits"] + 1
+    reused = after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
+    assert reused >= len(first["prompt_token_ids"]) - 2  # re-rendering may re-tokenize a seam
+    ids, prompt = out["choices"][0]["token_ids"], out["prompt_token_ids"]
+    got = [e["logprob"] for e in out["choices"][0]["logprobs"]["content"]]
+    assert got == pytest.approx(forward_logprobs(model, prompt, ids), abs=2e-3)
+    client.reset_prefix_cache()
+    chat(engine_url, body)
+    assert get(engine_url + "/health").json()["prefix_cache_hits"] == after["prefix_cache_hits"]
