@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="raw: log_softmax of raw logits (vLLM's default); processed: after "
                         "temperature and top_p")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: half the CPUs, see core.default_threads)")
+    p.add_argument("--prefix-cache-entries", type=int, default=4,
+                   help="finished sequences whose KV is kept for reuse by later prompts (0: off)")
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights at start")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -67,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, max_model_len=max_len,
                         logprobs_mode=args.logprobs_mode, threads=args.threads,
                         weight_version=args.weight_version,
-                        base_path=root if Path(str(root)).is_dir() else None)
+                        base_path=root if Path(str(root)).is_dir() else None,
+                        prefix_cache_entries=args.prefix_cache_entries)
         name = args.served_model_name or (
             DEFAULT_MODEL_NAME if args.model in ("default", "") else Path(str(args.model)).name
         )

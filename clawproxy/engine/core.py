@@ -13,6 +13,13 @@ hides the padding and per-row ``position_ids`` keep RoPE positions exact, so eve
 what it would alone (to float rounding). Finished rows are sliced out and all-padding columns
 trimmed.
 
+Prefix cache: the KV of each finished sequence (prompt + completion) is kept for the last few
+requests; a new prompt that starts with one of them (the next turn of the same conversation)
+prefills only the rest. Entries are dropped on every weight swap and on /reset_prefix_cache, and
+KV computed across a swap is never stored, so a reused prefix always comes from the serving
+weights. In keep mode a request that spans a swap continues on KV its earlier tokens got from the
+old weights, as in vLLM.
+
 Log-probs (``logprobs_mode``, named after vLLM's ``--logprobs-mode``): by default
 ``raw_logprobs``, as vLLM v1: log_softmax of the model's raw logits, before temperature and
 top_p. That is the behaviour policy the trainer's PPO ratio needs (it recomputes log-probs at
