@@ -46,8 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--interactions", type=int, default=36)
     p.add_argument("--oracle-interactions", type=int, default=48)
     p.add_argument("--eval-every", type=int, default=12)
-    p.add_argument("--turns", type=int, default=3, help="Questions per conversation.")
-    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--turns", type=int, default=2, help="Questions per conversation.")
+    p.add_argument("--max-tokens", type=int, default=512,
+                   help="max_completion_tokens of conversation turns (OpenClaw sends its model's maxTokens). "
+                        "Answers cut at the cap are 'truncated' and never trained on, so it must be well "
+                        "above the base model's answer length.")
+    p.add_argument("--sample-tokens", type=int, default=160, help="Oracle: sampled answer cap.")
+    p.add_argument("--eval-max-tokens", type=int, default=160, help="Tokens per held-out answer.")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lora", action="store_true", help="LoRA instead of the config's fine-tuning mode.")
@@ -120,7 +125,7 @@ def run_oracle(persona: str, args: argparse.Namespace, results: Results) -> None
         results.save()
 
     settings = OracleSettings(interactions=args.oracle_interactions, eval_every=args.eval_every,
-                              max_new_tokens=args.max_tokens, eval_max_tokens=args.max_tokens,
+                              max_new_tokens=args.sample_tokens, eval_max_tokens=args.eval_max_tokens,
                               temperature=args.temperature, seed=args.seed, threads=args.threads)
     done = oracle(persona, settings, on_point=on_point)
     curve.settings, curve.wall_s = done.settings, done.wall_s
@@ -143,7 +148,6 @@ def run_system(persona: str, method: str | None, args: argparse.Namespace, resul
         "trainer.learning_rate": args.lr,
         "trainer.batch_size": args.batch_size,
         "judge.enabled": False if args.system_oracle else None,
-        "engine.default_max_tokens": args.max_tokens,
     }
     for kv in args.set:
         key, _, value = kv.partition("=")
@@ -167,7 +171,7 @@ def run_system(persona: str, method: str | None, args: argparse.Namespace, resul
     settings = SimSettings(
         proxy_url=system.proxy_url, eval_url=system.engine_url, data_dir=str(data_dir), persona=persona,
         interactions=args.interactions, eval_every=args.eval_every, turns_per_conversation=args.turns,
-        max_tokens=args.max_tokens, eval_max_tokens=args.max_tokens, temperature=args.temperature,
+        max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens, temperature=args.temperature,
         seed=args.seed, oracle=args.system_oracle, trainer_batch_size=cfg.trainer.batch_size,
         method=curve.method, label=label,
         extra={"overrides": {k: v for k, v in overrides.items() if v is not None}},

@@ -194,8 +194,8 @@ class LiveTable:
 
         table = Table(show_header=not self._header_done, box=None, pad_edge=False)
         for col in COLUMNS:
-            table.add_column(col, justify="right" if col != "run" else "left",
-                             min_width=max(len(col), 8 if col == "run" else 6))
+            table.add_column(col, justify="right" if col != "run" else "left", no_wrap=True,
+                             min_width=max(len(col), 30 if col == "run" else 6))
         table.add_row(*point_row(label, point))
         self.console.print(table)
         self._header_done = True
@@ -205,7 +205,7 @@ class LiveTable:
 
         table = Table(title="held-out adoption by interactions")
         for col in COLUMNS:
-            table.add_column(col, justify="right" if col != "run" else "left")
+            table.add_column(col, justify="right" if col != "run" else "left", no_wrap=True)
         for c in curves:
             for p in c.points:
                 table.add_row(*point_row(c.label, p))

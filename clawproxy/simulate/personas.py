@@ -98,7 +98,6 @@ PREFERENCES: dict[str, Preference] = {
             "Love it, short and clear.",
             "That's the right length, thanks.",
             "Good, concise answer. Thanks!",
-            "Exactly what I wanted: brief.",
         ),
         complaints=(
             "Too long. Keep it under 40 words please.",
