@@ -71,10 +71,11 @@ def start(config_path, data_dir, upstream, host, port, model, engine_port, no_ju
 def _register() -> None:
     """Attach the command groups that live beside their components."""
     from clawproxy.sessions_cli import openclaw_config, sessions
+    from clawproxy.simulate.cli import simulate
     from judge.cli import judge
     from trainer.cli import rollback, stats, train
 
-    for cmd in (sessions, openclaw_config, judge, train, rollback, stats):
+    for cmd in (sessions, openclaw_config, judge, train, rollback, stats, simulate):
         main.add_command(cmd)
 
 
