@@ -94,6 +94,8 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
 
         engine = _engine(cfg, engine_url, store)
         trainer = Trainer(cfg, store, engine)
+        if not trainer.accelerator.is_main_process:  # under accelerate launch: one process talks
+            console.quiet = True
         console.print(f"training {cfg.trainer.method} ({cfg.trainer.finetune}) from v{trainer.current.version}")
         results = trainer.run(follow=follow, steps=steps,
                               on_step=lambda r: console.print(_format_step(r)), on_wait=on_wait)
@@ -105,7 +107,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
         raise
     finally:
         store.close()
-    if not results:
+    if not results and not console.quiet:
         console.print(f"no full batch available ({cfg.trainer.batch_size} useful samples needed); nothing trained")
 
 

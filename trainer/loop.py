@@ -176,7 +176,7 @@ class Trainer:
         batch_ready = time.time()
         acc = self.accelerator
         if self.canary is None or self.canary.version != self.current.version:
-            self.canary = gate.canary_reference(self.model, self.tokenizer, self.tcfg, self.current.version, acc)
+            self.canary = gate.canary_reference(self._no_sync_model(), self.tokenizer, self.tcfg, self.current.version, acc)
 
         t0 = time.perf_counter()
         m = self.forward_backward(samples)
@@ -189,7 +189,7 @@ class Trainer:
                  skipped=dict(self.skipped_since_last_step), samples=len(samples))
 
         report, new_ref = gate.check(
-            self.model, self.tokenizer, self.tcfg, self.canary, loss=m["loss"], grad_norm=grad_norm, accelerator=acc
+            self._no_sync_model(), self.tokenizer, self.tcfg, self.canary, loss=m["loss"], grad_norm=grad_norm, accelerator=acc
         )
         m["gate"] = report.as_dict()
         if not report.ok:
@@ -219,7 +219,7 @@ class Trainer:
             teacher_logps, has_teacher = self._teacher_logps(chunk, batch)
             ref_logps = None
             if cfg.kl_coef > 0:
-                with torch.no_grad(), self.teacher.reference_model(self.model) as ref:
+                with torch.no_grad(), self.teacher.reference_model(self._no_sync_model()) as ref:
                     ref_logps = completion_logps(ref, batch)
 
             logps = completion_logps(self.model, batch)
@@ -278,16 +278,31 @@ class Trainer:
         prompts = [teacher_prompt_ids(self.tokenizer, s) for s in chunk]
         idx = [i for i, p in enumerate(prompts) if p is not None]
         if not idx:
+            if self.accelerator.num_processes == 1:
+                return t_logps, has
+            # FSDP all-gathers in every forward: every process must run the same passes, so a
+            # micro-batch without hints still runs (and discards) one teacher pass
+            with torch.no_grad(), self.teacher.teacher_model(self._no_sync_model()) as teacher:
+                completion_logps(teacher, batch)
             return t_logps, has
         tb = make_token_batch([prompts[i] for i in idx], [chunk[i].completion_ids for i in idx],
                               self.tokenizer.pad_token_id, dev)
-        with torch.no_grad(), self.teacher.teacher_model(self.model) as teacher:
+        with torch.no_grad(), self.teacher.teacher_model(self._no_sync_model()) as teacher:
             lp = completion_logps(teacher, tb)
         for row, i in enumerate(idx):
             n = len(chunk[i].completion_ids)
             t_logps[i, :n] = lp[row, :n]
             has[i] = True
         return t_logps, has
+
+    def _no_sync_model(self) -> torch.nn.Module:
+        """The model for gradient-free passes: under DDP the inner module, whose forward does no
+        collective (DDP's would broadcast buffers); FSDP needs its wrapper to gather shards."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            return self.model
+        return _unwrap(self.model)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -398,7 +413,10 @@ class Trainer:
 
     def _restore(self, version: Version) -> None:
         """Put ``version``'s weights back into the policy and forget the optimizer's moments."""
-        load_version_into(_unwrap(self.model), version, self.base_dir)
+        from accelerate.utils import DistributedType
+
+        sharded = self.accelerator.distributed_type == DistributedType.FSDP
+        load_version_into(_unwrap(self.model), version, self.base_dir, sharded=sharded)
         self.optimizer.zero_grad(set_to_none=True)
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         inner.state.clear()

@@ -100,7 +100,7 @@ def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.n
     return model
 
 
-def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path) -> None:
+def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path, sharded: bool = False) -> None:
     """Overwrite the policy's trainable weights in place with a version from disk.
 
     Used after a refused step (back to the last published weights) and when someone else changed
@@ -134,7 +134,16 @@ def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path) 
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        if sharded:  # FSDP2: every process loads the full tensors into its DTensor shards
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+            )
+
+            result = set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+            missing, unexpected = result.missing_keys, result.unexpected_keys
+        else:
+            missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
         if missing or unexpected:
             raise ConfigError(f"v{version.version} does not match the model: missing={missing[:3]} unexpected={unexpected[:3]}")

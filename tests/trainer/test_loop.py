@@ -196,3 +196,43 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     res = runner.invoke(main, ["train", "--steps", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
     assert res.exit_code == 0, res.output
     assert "v3 -> v4" in res.output
+
+
+def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
+    """accelerate data parallel (2 CPU processes, gloo, launched by torchrun): the batch is broadcast,
+    split unevenly (3 samples), gradients averaged; the published weights equal one process's."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.clawproxy.engine_proc import free_port
+
+    config_file = tmp_path / "cfg.yaml"
+    config_file.write_text(f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 3\n  threads: 1\n"
+                           "  learning_rate: 0.001\n  canary_max_tokens: 8\n")
+    dirs = {}
+    for name in ("one", "two"):
+        d = tmp_path / name
+        store = Store(d / "clawproxy.db")
+        _add(store, tiny_model_dir, 3)
+        store.close()
+        dirs[name] = d
+    args = ["train", "--steps", "1", "--config", str(config_file)]
+    res = CliRunner().invoke(main, [*args, "--data-dir", str(dirs["one"])])
+    assert res.exit_code == 0, res.output
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         "-m", "clawproxy.cli", *args, "--data-dir", str(dirs["two"])],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("v0 -> v1") == 1  # only the main process reports
+    one = load_file(str(dirs["one"] / "checkpoints" / "v1" / "model.safetensors"))
+    two = load_file(str(dirs["two"] / "checkpoints" / "v1" / "model.safetensors"))
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], atol=1e-6, rtol=1e-5)
+    assert not torch.equal(one["model.norm.weight"], base["model.norm.weight"])
+    store = Store(dirs["two"] / "clawproxy.db")
+    assert store.query_one("SELECT COUNT(*) AS n FROM trained_samples")["n"] == 3
