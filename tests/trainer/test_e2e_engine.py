@@ -76,3 +76,34 @@ def test_train_step_publishes_into_running_engine(tmp_path, tiny_model_dir):
         trainer.sync()
         assert engine.weight_version() == 1
     store.close()
+
+
+def test_lora_adapter_publishes_into_running_engine(tmp_path, tiny_model_dir):
+    """LoRA: the adapter directory is what the engine loads (merged into its base weights)."""
+    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
+                             "trainer.batch_size": 2, "trainer.learning_rate": 1e-2,
+                             "trainer.finetune": "lora", "trainer.canary_max_tokens": 8})
+    store = Store(cfg.db_path)
+    with engine_process(tiny_model_dir, tmp_path / "engine", "--threads", "1") as url:
+        for i, q in enumerate(QUESTIONS[:2]):
+            messages, body = _completion(url, q, i)
+            choice = body["choices"][0]
+            insert_turn(store, prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"],
+                        logps=[e["logprob"] for e in choice["logprobs"]["content"]], score=1,
+                        weight_version=0, messages=messages, finish_reason="stop")
+        from trainer.loop import Trainer
+
+        probe = {"model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4,
+                 "temperature": 0.0, "logprobs": True}
+        before = [e["logprob"] for e in chat(url, probe).json()["choices"][0]["logprobs"]["content"]]
+        engine = EngineClient(url)
+        (result,) = Trainer(cfg, store, engine).run(steps=1)
+        assert result.status == "published", result.metrics
+        assert abs(result.metrics["ratio_mean"] - 1) < 1e-2
+        assert engine.weight_version() == 1
+        after = chat(url, probe).json()
+        assert after["weight_version"] == 1
+        # the adapter really is in the served weights: the same greedy request scores differently
+        assert [e["logprob"] for e in after["choices"][0]["logprobs"]["content"]] != before
+        assert (tmp_path / "data" / "checkpoints" / "v1" / "adapter_model.safetensors").exists()
+    store.close()
