@@ -53,7 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "above the base model's answer length.")
     p.add_argument("--sample-tokens", type=int, default=160, help="Oracle: sampled answer cap.")
     p.add_argument("--eval-max-tokens", type=int, default=160, help="Tokens per held-out answer.")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="Sampling temperature of conversation turns (OpenClaw sends its configured one; "
+                        "at 1.0 the default model rambles past any cap). The oracle samples at --oracle-temperature.")
+    p.add_argument("--oracle-temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lora", action="store_true", help="LoRA instead of the config's fine-tuning mode.")
     p.add_argument("--lr", type=float, default=None, help="Trainer learning rate override.")
@@ -126,7 +129,7 @@ def run_oracle(persona: str, args: argparse.Namespace, results: Results) -> None
 
     settings = OracleSettings(interactions=args.oracle_interactions, eval_every=args.eval_every,
                               max_new_tokens=args.sample_tokens, eval_max_tokens=args.eval_max_tokens,
-                              temperature=args.temperature, seed=args.seed, threads=args.threads)
+                              temperature=args.oracle_temperature, seed=args.seed, threads=args.threads)
     done = oracle(persona, settings, on_point=on_point)
     curve.settings, curve.wall_s = done.settings, done.wall_s
     results.save()
@@ -185,7 +188,14 @@ def run_system(persona: str, method: str | None, args: argparse.Namespace, resul
     results.save()
 
 
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: the started system is shut down in `finally`
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)
     args = parse_args(argv)
     personas = args.persona or ["concise"]
     methods = args.method or [None]
