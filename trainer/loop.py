@@ -119,6 +119,7 @@ class Trainer:
         results: list[StepResult] = []
         while steps is None or len(results) < steps:
             self.sync()
+            self._ensure_canary()  # off the critical path: computed while waiting for samples
             samples = self.collect()
             if len(samples) < self.tcfg.batch_size:
                 if not follow:
@@ -175,8 +176,7 @@ class Trainer:
     def step(self, samples: list[Sample]) -> StepResult:
         batch_ready = time.time()
         acc = self.accelerator
-        if self.canary is None or self.canary.version != self.current.version:
-            self.canary = gate.canary_reference(self._no_sync_model(), self.tokenizer, self.tcfg, self.current.version, acc)
+        self._ensure_canary()
 
         t0 = time.perf_counter()
         m = self.forward_backward(samples)
@@ -195,6 +195,13 @@ class Trainer:
         if not report.ok:
             return self._refuse(samples, m, report)
         return self._publish(samples, m, new_ref, batch_ready)
+
+    def _ensure_canary(self) -> None:
+        """The serving version's canary answers, the gate's point of comparison."""
+        if self.canary is None or self.canary.version != self.current.version:
+            self.canary = gate.canary_reference(
+                self._no_sync_model(), self.tokenizer, self.tcfg, self.current.version, self.accelerator
+            )
 
     def forward_backward(self, samples: list[Sample]) -> dict[str, Any]:
         """Accumulate gradients of the clipped surrogate over micro-batches; return step metrics."""
