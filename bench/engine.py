@@ -142,7 +142,9 @@ def main() -> None:
     log = tempfile.NamedTemporaryFile(prefix="bench-engine-", suffix=".log", delete=False)
     proc = subprocess.Popen(
         [sys.executable, "-m", "clawproxy.engine", "--model", str(root), "--port", str(port),
-         "--dtype", args.dtype, "--threads", str(args.threads), "--log-level", "WARNING"],
+         "--dtype", args.dtype, "--threads", str(args.threads), "--log-level", "WARNING",
+         # Rounds repeat prompts: without this, TTFT would measure prefix-cache hits.
+         "--prefix-cache-entries", "0"],
         stdout=log, stderr=subprocess.STDOUT,
     )
     client = EngineClient(url)

@@ -269,3 +269,20 @@ def test_prefix_cache_reuse_is_exact(engine_url, tiny):
     client.reset_prefix_cache()
     chat(engine_url, body)
     assert get(engine_url + "/health").json()["prefix_cache_hits"] == after["prefix_cache_hits"]
+
+
+def test_pause_wait_drains_in_flight_requests_first(engine_url):
+    client = EngineClient(engine_url)
+    got = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(stream_chat, engine_url,
+                              {"messages": MSGS, "max_tokens": 60, "temperature": 0},
+                              lambda c: got.set())
+        assert got.wait(30)
+        client.pause("wait")
+        # Still paused, yet the running request completes: wait drained it instead of freezing it.
+        chunks, done, _ = running.result(30)
+        assert done and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert client.is_paused()
+        client.resume()
+    assert chat(engine_url, {"messages": MSGS, "max_tokens": 2}).status_code == 200
