@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -128,7 +129,7 @@ class Trainer:
                     on_wait(len(samples))
                 time.sleep(self.tcfg.poll_interval_s)
                 continue
-            if self.engine is not None and not self.engine.health():
+            if self.engine is not None and not self._main_says(self.engine.health):
                 # publishing would fail: wait for the engine (the supervisor restarts it)
                 if not follow:
                     raise EngineError(f"engine at {self.engine.base_url} is not answering /health")
@@ -144,7 +145,7 @@ class Trainer:
     def sync(self) -> None:
         """Follow the store's current version (a rollback by `clawproxy rollback` while we run) and
         make sure a restarted engine serves it again."""
-        latest = current_version(self.store, self.base_dir)
+        latest = self._main_says(lambda: current_version(self.store, self.base_dir))
         if latest.version != self.current.version:
             log.info("serving version changed to v%d outside this trainer; reloading it", latest.version)
             self._restore(latest)
@@ -154,22 +155,28 @@ class Trainer:
             except EngineError as e:
                 log.warning("engine did not take v%d back: %s", self.current.version, e.message)
 
+    def _main_says(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` evaluated by the main process and shared, so every process takes the same branch
+        (a process that decides differently would hang the others in the next collective)."""
+        if self.accelerator.num_processes == 1:
+            return fn()
+        from accelerate.utils import broadcast_object_list
+
+        box = [fn() if self.accelerator.is_main_process else None]
+        broadcast_object_list(box)
+        return box[0]
+
     def collect(self) -> list[Sample]:
         """The next ``batch_size`` useful samples (main process reads, everyone gets the same list)."""
-        samples: list[Sample] = []
-        if self.accelerator.is_main_process:
+
+        def read() -> list[Sample]:
             sel = select_samples(self.store, self.tcfg, self.current.version)
             if sel.skipped:
                 record_skipped(self.store, sel.skipped)
                 self.skipped_since_last_step.update(sel.skipped.values())
-            samples = sel.samples[: self.tcfg.batch_size]
-        if self.accelerator.num_processes > 1:
-            from accelerate.utils import broadcast_object_list
+            return sel.samples[: self.tcfg.batch_size]
 
-            box = [samples]
-            broadcast_object_list(box)
-            samples = box[0]
-        return samples
+        return self._main_says(read)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -328,51 +335,52 @@ class Trainer:
         return StepResult(step_id, "gate_failed", self.current.version, None, m)
 
     def _publish(self, samples: list[Sample], m: dict[str, Any], new_ref: Any, batch_ready: float) -> StepResult:
-        acc = self.accelerator
         base = self.current.version
         t0 = time.perf_counter()
-        version = next_version(self.store) if acc.is_main_process else 0
-        out_dir = self.ckpt_root / f"v{version}"
-        state_dict = acc.get_state_dict(self.model) if not self.is_lora else None  # collective under FSDP
-        step_id = None
-        if acc.is_main_process:
-            write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))
-            m["save_s"] = time.perf_counter() - t0
-            if self.engine is not None:
-                try:
-                    self.engine.load_weights(str(out_dir), version, lora=self.is_lora)
-                except EngineError as e:
-                    log.error("engine did not take v%d: %s; keeping v%d", version, e.message, base)
-                    m["engine_error"] = e.message
-                    # refused (4xx): the checkpoint is the problem, the samples are used up;
-                    # unreachable (5xx): the samples stay untrained and are retried
-                    consumed = samples if e.status < 500 else []
-                    step_id = self._record(consumed, m, "error", None)
-                    self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
-                    import shutil
-
-                    shutil.rmtree(out_dir, ignore_errors=True)
-                    self._restore(self.current)
-                    return StepResult(step_id, "error", base, None, m)
-            m["publish_s"] = time.perf_counter() - t0
-            m["batch_to_serving_s"] = time.time() - batch_ready
-            step_id = self._record(samples, m, "published", version, out_dir)
-            deleted = prune(self.store, self.tcfg.keep_checkpoints)
-            if deleted:
-                log.info("deleted old checkpoints %s", deleted)
-        if acc.num_processes > 1:
-            from accelerate.utils import broadcast_object_list
-
-            box = [version]
-            broadcast_object_list(box)
-            version = box[0]
-        self.current = Version(version, out_dir if acc.is_main_process else self.ckpt_root / f"v{version}",
-                               "lora" if self.is_lora else "full")
+        # collective under FSDP (gathers the full weights), so every process calls it
+        state_dict = self.accelerator.get_state_dict(self.model) if not self.is_lora else None
+        status, version, step_id = self._main_says(
+            lambda: self._write_and_reload(samples, m, state_dict, t0, batch_ready)
+        )
+        if status != "published":
+            self._restore(self.current)
+            return StepResult(step_id, status, base, None, m)
+        self.current = Version(version, self.ckpt_root / f"v{version}", "lora" if self.is_lora else "full")
         self.teacher.after_step(self.model)
         new_ref.version = version
         self.canary = new_ref
         self.skipped_since_last_step.clear()
         return StepResult(step_id, "published", base, version, m)
+
+    def _write_and_reload(
+        self, samples: list[Sample], m: dict[str, Any], state_dict: dict[str, Any] | None, t0: float,
+        batch_ready: float,
+    ) -> tuple[str, int | None, int]:
+        """Main process: checkpoint v<N> -> engine reload -> rows. Returns (status, version, step_id)."""
+        version = next_version(self.store)
+        out_dir = self.ckpt_root / f"v{version}"
+        write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))
+        m["save_s"] = time.perf_counter() - t0
+        if self.engine is not None:
+            try:
+                self.engine.load_weights(str(out_dir), version, lora=self.is_lora)
+            except EngineError as e:
+                log.error("engine did not take v%d: %s; keeping v%d", version, e.message, self.current.version)
+                m["engine_error"] = e.message
+                # refused (4xx): the checkpoint is the problem, the samples are used up;
+                # unreachable (5xx): the samples stay untrained and are retried
+                consumed = samples if e.status < 500 else []
+                step_id = self._record(consumed, m, "error", None)
+                self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
+                shutil.rmtree(out_dir, ignore_errors=True)
+                return "error", None, step_id
+        m["publish_s"] = time.perf_counter() - t0
+        m["batch_to_serving_s"] = time.time() - batch_ready
+        step_id = self._record(samples, m, "published", version, out_dir)
+        deleted = prune(self.store, self.tcfg.keep_checkpoints)
+        if deleted:
+            log.info("deleted old checkpoints %s", deleted)
+        return "published", version, step_id
 
     def _save(self, tmp: Path, state_dict: dict[str, Any] | None) -> None:
         model = _unwrap(self.model)
