@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("engine serving %s, weight version %d: %s", name, engine.weight_version,
                  message.strip().strip("=").strip())
 
+    # shutdown_timeout: on SIGTERM the on_shutdown hook has already ended generations (finish_reason
+    # "abort", then [DONE]); do not wait aiohttp's default minute for idle connections.
     web.run_app(app, host=args.host, port=args.port, print=announce, access_log=None,
-                handle_signals=True)
+                handle_signals=True, shutdown_timeout=2)
     return 0
 
 

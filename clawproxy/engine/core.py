@@ -227,7 +227,7 @@ class Engine:
         """Load a full safetensors checkpoint on the side, validate it, swap it in atomically."""
         t0 = time.perf_counter()
         state = weights_mod.load_full_checkpoint(path, self._reference)
-        self._swap(state, version, full=True)
+        self._swap(state, version)
         log.info("loaded %s as weight version %d in %.2fs", path, self._version, time.perf_counter() - t0)
         return self._version
 
@@ -242,11 +242,11 @@ class Engine:
         merged = weights_mod.merge_lora(path, base)
         state = dict(base)
         state.update(merged)
-        self._swap(state, version, full=True)
+        self._swap(state, version)
         log.info("merged LoRA %s as weight version %d in %.2fs", path, self._version, time.perf_counter() - t0)
         return self._version
 
-    def _swap(self, state: dict[str, torch.Tensor], version: int | None, full: bool) -> None:
+    def _swap(self, state: dict[str, torch.Tensor], version: int | None) -> None:
         new_version = self._version + 1 if version is None else int(version)
 
         def apply() -> None:
@@ -270,7 +270,7 @@ class Engine:
             self._controls.append(ctl)
             self._cond.notify_all()
         if not ctl.done.wait(timeout):
-            raise EngineError("the engine worker did not take the new weights in time", status=504)
+            raise EngineError("the engine worker did not answer in time (a long prefill?)", status=504)
         if ctl.error is not None:
             raise EngineError(f"weight swap failed: {ctl.error}", status=500)
 

@@ -91,7 +91,13 @@ def create_app(engine: Engine, settings: ServerSettings) -> web.Application:
         yield
         await asyncio.to_thread(engine.stop)
 
+    async def end_generation(app: web.Application) -> None:
+        # Shutdown: end in-flight generations now (finish_reason "abort", then [DONE]) so their
+        # handlers return instead of holding the process until aiohttp's shutdown timeout.
+        await asyncio.to_thread(engine.stop)
+
     app.cleanup_ctx.append(engine_ctx)
+    app.on_shutdown.append(end_generation)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
