@@ -106,4 +106,35 @@ def test_lora_adapter_publishes_into_running_engine(tmp_path, tiny_model_dir):
         # the adapter really is in the served weights: the same greedy request scores differently
         assert [e["logprob"] for e in after["choices"][0]["logprobs"]["content"]] != before
         assert (tmp_path / "data" / "checkpoints" / "v1" / "adapter_model.safetensors").exists()
+
+        # a checkpoint the engine refuses (another architecture): the step is recorded as an
+        # error, nothing is published, the engine keeps serving v1, the trainer keeps its weights
+        other = _smaller_model(tiny_model_dir, tmp_path / "other-model")
+        cfg2 = load_config(None, {"data_dir": str(tmp_path / "data2"), "engine.model": str(other),
+                                  "trainer.batch_size": 1, "trainer.canary_max_tokens": 8})
+        store2 = Store(cfg2.db_path)
+        insert_turn(store2, prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"],
+                    logps=[e["logprob"] for e in choice["logprobs"]["content"]], score=1, messages=messages)
+        (refused,) = Trainer(cfg2, store2, engine).run(steps=1)
+        assert refused.status == "error" and "engine_error" in refused.metrics
+        assert engine.weight_version() == 1 and chat(url, probe).json()["weight_version"] == 1
+        assert store2.query("SELECT * FROM checkpoints") == []
+        assert [e["kind"] for e in store2.query("SELECT kind FROM events")] == ["reload_refused"]
+        assert not (tmp_path / "data2" / "checkpoints" / "v1").exists()
+        assert store2.query_one("SELECT COUNT(*) AS n FROM trained_samples")["n"] == 1  # refused: used up
+        store2.close()
     store.close()
+
+
+def _smaller_model(tiny_model_dir, out):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(1)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
