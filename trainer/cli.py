@@ -117,7 +117,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
               help="YAML config file (default: configs/default.yaml).")
 @click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
 @click.option("--engine-url", default=None,
-              help="Engine to reload (default: engine.host:engine.port from the config).")
+              help="Engine to reload (default: proxy.upstream, else engine.host:engine.port).")
 @click.option("--no-engine", is_flag=True, help="Only record the rollback; the engine picks it up later.")
 def rollback(version, config_path, data_dir, engine_url, no_engine) -> None:
     """Reload an earlier checkpoint into the engine (default: the one before the current).
@@ -134,7 +134,8 @@ def rollback(version, config_path, data_dir, engine_url, no_engine) -> None:
     cfg = _config(config_path, data_dir)
     store = Store(cfg.db_path)
     try:
-        url = None if no_engine else (engine_url or f"http://{cfg.engine.host}:{cfg.engine.port}")
+        default_url = cfg.proxy.upstream or f"http://{cfg.engine.host}:{cfg.engine.port}"
+        url = None if no_engine else (engine_url or default_url)
         engine = _engine(cfg, url, store)
         base_dir = local_model_dir(resolve_model(cfg.engine.model, cfg.data_path))
         new, source = do_rollback(store, engine, base_dir, version)
