@@ -181,7 +181,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine.submit(req)
     try:
         if job.stream:
-            return await _stream(request, engine, job, req, queue, meta)
+            return await _stream(request, engine, job, queue, meta)
         return await _complete(engine, job, queue, meta)
     finally:
         if not req.finished:
@@ -338,7 +338,6 @@ async def _stream(
     request: web.Request,
     engine: Engine,
     job: ChatJob,
-    req: GenRequest,
     queue: asyncio.Queue[StepEvent],
     meta: dict[str, Any],
 ) -> web.StreamResponse:
@@ -350,6 +349,21 @@ async def _stream(
         }
     )
     await resp.prepare(request)
+    try:
+        await _write_stream(resp, engine, job, queue, meta)
+    except ConnectionResetError:
+        # The client went away mid-stream; the caller's finally frees its batch slot.
+        log.info("client disconnected from %s", meta["id"])
+    return resp
+
+
+async def _write_stream(
+    resp: web.StreamResponse,
+    engine: Engine,
+    job: ChatJob,
+    queue: asyncio.Queue[StepEvent],
+    meta: dict[str, Any],
+) -> None:
     token_text = _TokenText(engine)
     parser = ToolCallStreamParser(enabled=job.parse_tools)
     base = {**meta, "object": "chat.completion.chunk"}
@@ -416,7 +430,6 @@ async def _stream(
         await resp.write(_sse({**base, "choices": [], "usage": usage, "weight_version": version}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
-    return resp
 
 
 async def _complete(
