@@ -86,8 +86,21 @@ class LexicalVoter:
         return Vote(score, feedback_hint(inp, c) if score == -1 else None, raw=f"lexical {c}")
 
 
+def combine(head: int, lexical: int) -> int:
+    """One vote from the two views: an explicit cue fills in where the head sees nothing
+    (a bare "👎" or "useless" is -1, not 0), and opposite polarities abstain (0), because a
+    confident disagreement between the views is exactly what "ambiguous" means. Chosen by
+    cross-validation on the train split (accuracy 0.904 -> 0.936, FNR 0.091 -> 0.0, FPR unchanged)."""
+    if head == 0:
+        return lexical
+    if lexical == -head:
+        return 0
+    return head
+
+
 class EmbeddingVoter:
-    """The CPU default: vote i asks bagged head i mod K (see judge/embedding.py for why)."""
+    """The CPU default: vote i asks bagged head i mod K (see judge/embedding.py for why), then
+    ``combine``s that head's verdict with the lexical cues."""
 
     name = "embedding"
 
@@ -119,9 +132,12 @@ class EmbeddingVoter:
             return Vote(0, None, raw="empty next state")
         model = idx % self.head.k
         p = self.head.probs(x, model)
-        score = int(self.head.decide(p)[0]) - 1
-        raw = f"head {model}: p(bad)={p[0]:.3f} p(neutral)={p[1]:.3f} p(good)={p[2]:.3f}"
-        return Vote(score, feedback_hint(inp) if score == -1 else None, raw=raw)
+        head_score = int(self.head.decide(p)[0]) - 1
+        c = cues(inp.next_state, inp.request)
+        score = combine(head_score, lexical_score(c))
+        raw = (f"head {model}: p(bad)={p[0]:.3f} p(neutral)={p[1]:.3f} p(good)={p[2]:.3f} -> "
+               f"{head_score:+d}; lexical {lexical_score(c):+d}; vote {score:+d}")
+        return Vote(score, feedback_hint(inp, c) if score == -1 else None, raw=raw)
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
         if inp.role == "tool":
