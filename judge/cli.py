@@ -93,10 +93,12 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
               help="Run the llm voter in-process with transformers on this model ('default' = the 135M).")
 @click.option("--data-dir", default=None, help="Where --local-model caches a converted model.")
 @click.option("-n", "--limit", type=int, default=None, help="Only the first N cases (quick looks).")
+@click.option("--stride", type=int, default=1, show_default=True,
+              help="Every K-th case only: a spread-out subset for slow voters (e.g. a CPU LLM).")
 @click.option("--errors", "show_errors", is_flag=True, help="List the misjudged case ids.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model, data_dir, limit,
-             show_errors, as_json) -> None:
+             stride, show_errors, as_json) -> None:
     """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases."""
     import orjson
     from rich.console import Console
@@ -110,7 +112,11 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
                                                      "judge.llm_model": llm_model})
     if not voters:
         voters = ("embedding", "lexical") + (("llm",) if (llm_url or local_model) else ())
-    cases = load_cases(split)[:limit] if limit else load_cases(split)
+    if stride < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--stride")
+    cases = load_cases(split)[::stride]
+    if limit:
+        cases = cases[:limit]
     console = Console()
     reports = []
     for name in voters:
