@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Sampling temperature of conversation turns (OpenClaw sends its configured one; "
                         "at 1.0 the default model rambles past any cap). The oracle samples at --oracle-temperature.")
     p.add_argument("--oracle-temperature", type=float, default=1.0)
+    p.add_argument("--oracle-reward", choices=["binary", "graded"], default="binary",
+                   help="Oracle reward: +1/-1 from the check, or graded by word count (concise).")
+    p.add_argument("--oracle-baseline", action="store_true", help="Oracle: subtract the batch-mean reward.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lora", action="store_true", help="LoRA instead of the config's fine-tuning mode.")
     p.add_argument("--lr", type=float, default=None, help="Trainer learning rate override.")
@@ -129,7 +132,8 @@ def run_oracle(persona: str, args: argparse.Namespace, results: Results) -> None
 
     settings = OracleSettings(interactions=args.oracle_interactions, eval_every=args.eval_every,
                               max_new_tokens=args.sample_tokens, eval_max_tokens=args.eval_max_tokens,
-                              temperature=args.oracle_temperature, seed=args.seed, threads=args.threads)
+                              temperature=args.oracle_temperature, seed=args.seed, threads=args.threads,
+                              reward=args.oracle_reward, baseline=args.oracle_baseline)
     done = oracle(persona, settings, on_point=on_point)
     curve.settings, curve.wall_s = done.settings, done.wall_s
     results.save()

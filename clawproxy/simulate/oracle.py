@@ -32,6 +32,11 @@ class OracleSettings:
     temperature: float = 1.0
     seed: int = 0
     threads: int | None = None
+    # 'binary': +1 met / -1 not (the default, what the issue describes). 'graded' (concise only):
+    # (40 - words) / 40 clipped to [-2, 1], so longer answers in an all-failing batch still rank
+    # below shorter ones. baseline: subtract the batch mean (REINFORCE with a baseline).
+    reward: str = "binary"
+    baseline: bool = False
 
 
 def _chat_ids(tok: Any, prompt: str) -> list[int]:
@@ -94,6 +99,15 @@ def reinforce_step(model: Any, optimizer: Any, samples: list[tuple[list[int], li
     return float(loss.detach())
 
 
+def reward_of(pref: Any, text: str, kind: str = "binary") -> float:
+    """The oracle's reward for one answer (see ``OracleSettings.reward``)."""
+    if pref.check(text):
+        return 1.0
+    if kind == "graded" and pref.name == "concise":
+        return max(-2.0, min(1.0, (40 - len(text.split())) / 40))
+    return -1.0
+
+
 def run_oracle(persona: str = "concise", settings: OracleSettings | None = None,
                on_point: Callable[[CurvePoint], None] | None = None,
                on_step: Callable[[dict[str, Any]], None] | None = None) -> Curve:
@@ -130,7 +144,10 @@ def run_oracle(persona: str = "concise", settings: OracleSettings | None = None,
         prompts = [order[(cursor + i) % len(order)] for i in range(n)]
         cursor += n
         gens = generate(model, tok, prompts, s.max_new_tokens, sample=True, temperature=s.temperature)
-        rewards = [1.0 if pref.check(text) else -1.0 for _, _, text in gens]
+        rewards = [reward_of(pref, text, s.reward) for _, _, text in gens]
+        if s.baseline:
+            mean = sum(rewards) / len(rewards)
+            rewards = [r - mean for r in rewards]
         loss = reinforce_step(model, optimizer, [(p, c) for p, c, _ in gens], rewards, tok.pad_token_id)
         version += 1
         prev, done = done, done + n

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from clawproxy.simulate.oracle import OracleSettings, generate, reinforce_step, run_oracle
+from clawproxy.simulate.oracle import (
+    OracleSettings,
+    generate,
+    reinforce_step,
+    reward_of,
+    run_oracle,
+)
+from clawproxy.simulate.personas import PREFERENCES
 
 
 def test_reinforce_step_moves_logprob_in_the_reward_direction(tiny_model_dir):
@@ -41,3 +48,12 @@ def test_oracle_run_produces_a_curve(tiny_model_dir):
     for p in curve.points:
         assert len(p.answers) == 8 and 0.0 <= p.adoption <= p.preference_rate <= 1.0
     assert curve.settings["learning_rate"] == 1e-5 and curve.wall_s > 0
+
+
+def test_rewards():
+    concise, bullets = PREFERENCES["concise"], PREFERENCES["bullets"]
+    long60, long120 = " ".join(["word"] * 60), " ".join(["word"] * 120)
+    assert reward_of(concise, "Short answer here.") == 1.0 and reward_of(concise, long60) == -1.0
+    assert reward_of(concise, "Short answer here.", "graded") == 1.0
+    assert reward_of(concise, long120, "graded") < reward_of(concise, long60, "graded") < 0
+    assert reward_of(bullets, long60, "graded") == -1.0  # graded only means something for concise
