@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from clawproxy.openclaw import is_ctx
 from clawproxy.store import Store
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -163,7 +164,7 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
     for t in turns:
         msgs = [m for m in (t.get("request_messages") or []) if isinstance(m, dict)]
         users = [m for m in msgs if m.get("role") in ("user", "tool")
-                 and not _text(m).lstrip().startswith("<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>")]
+                 and not is_ctx(m)]
         resp = t.get("response_text") or ""
         for tc in t.get("response_tool_calls") or ():
             fn = tc.get("function") or {}

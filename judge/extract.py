@@ -10,15 +10,12 @@ so this module peels all of that off, for the request and for the next state ali
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-CTX_MARKER = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
-_TIMESTAMP = re.compile(r"^\s*\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})? [A-Z]{2,5}\]\s*")
-_RUNTIME = re.compile(r"(?m)^\s*Runtime: agent=.*$")
+from clawproxy.openclaw import clean_user_text, content_text, is_ctx
 
 
 @dataclass
@@ -32,41 +29,12 @@ class JudgeInput:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-def content_text(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a list of parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
-                parts.append(str(part.get("text") or ""))
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
-    return str(content)
-
-
-def is_internal_context(message: dict[str, Any]) -> bool:
-    """OpenClaw's transient context message (appended to every call, never replayed)."""
-    return message.get("role") == "user" and content_text(message.get("content")).lstrip().startswith(
-        CTX_MARKER
-    )
-
-
-def clean_user_text(text: str) -> str:
-    """Strip OpenClaw's timestamp prefix and Runtime line, leaving what the user typed."""
-    text = _TIMESTAMP.sub("", text, count=1)
-    text = _RUNTIME.sub("", text)
-    return text.strip()
 
 
 def last_user_request(messages: list[dict[str, Any]]) -> str:
     """The last real user message: the request this turn answered (tool loops included)."""
     for message in reversed(messages or []):
-        if message.get("role") != "user" or is_internal_context(message):
+        if message.get("role") != "user" or is_ctx(message):
             continue
         text = clean_user_text(content_text(message.get("content")))
         if text:
@@ -90,7 +58,7 @@ def next_state_text(messages: list[dict[str, Any]] | None, role: str | None) -> 
     """The next state as text: the user's reply (cleaned) or the tool results, in order."""
     texts = []
     for message in messages or []:
-        if is_internal_context(message):
+        if is_ctx(message):
             continue
         if message.get("role") == "assistant":
             continue
@@ -113,7 +81,7 @@ def from_turn(turn: dict[str, Any]) -> JudgeInput:
     next_messages = turn.get("next_state") or []
     role = turn.get("next_state_role")
     if role not in ("user", "tool"):
-        roles = [m.get("role") for m in next_messages if not is_internal_context(m)]
+        roles = [m.get("role") for m in next_messages if not is_ctx(m)]
         role = "tool" if roles and all(r == "tool" for r in roles) else "user"
     return JudgeInput(
         request=last_user_request(messages),

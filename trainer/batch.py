@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from clawproxy.openclaw import content_text, is_ctx
 from clawproxy.store import Store
 from trainer.config import TrainerConfig
 
-OPENCLAW_CONTEXT_MARK = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 HINT_TEMPLATE = "[User's hint: {hint}]"
 
 
@@ -161,14 +161,6 @@ def record_skipped(store: Store, skipped: dict[int, str]) -> None:
 # -- the OPD teacher's prompt ----------------------------------------------------------------------
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
 def add_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
     """The recorded messages with ``[User's hint: ...]`` appended to the last real user message.
 
@@ -179,7 +171,7 @@ def add_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
     users = [i for i, m in enumerate(out) if m.get("role") == "user"]
     if not users:
         raise ValueError("no user message to attach the hint to")
-    real = [i for i in users if not _text_of(out[i].get("content")).lstrip().startswith(OPENCLAW_CONTEXT_MARK)]
+    real = [i for i in users if not is_ctx(out[i])]
     idx = (real or users)[-1]
     suffix = HINT_TEMPLATE.format(hint=hint.strip())
     content = out[idx].get("content")
@@ -221,5 +213,5 @@ def _plain_content(message: dict[str, Any]) -> dict[str, Any]:
     """Flatten text-part lists to strings: many chat templates only render string content."""
     content = message.get("content")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return {**message, "content": _text_of(content)}
+        return {**message, "content": content_text(content)}
     return message

@@ -26,25 +26,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawproxy.openclaw import content_text
+
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
-
-
-def content_text(content: Any) -> str:
-    """A message's content as plain text: strings as is, content-part arrays joined by newlines."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
-                parts.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
-    return str(content)
 
 
 def template_supports_tools(chat_template: str | None) -> bool:

@@ -23,11 +23,11 @@ from typing import Any
 
 import orjson
 
+from clawproxy.openclaw import is_ctx, message_text, strip_ctx
 from clawproxy.store import Store
 
 log = logging.getLogger("clawproxy.sessions")
 
-CTX_MARKER = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 _RUNTIME_RE = re.compile(r"Runtime:[^\n]*?\bsessionId=([^\s|]+)")
 _RUNTIME_SESSION_RE = re.compile(r"Runtime:[^\n]*?\bsession=([^\s|]+)")
 _RUNTIME_AGENT_RE = re.compile(r"Runtime:\s*agent=([^\s|]+)")
@@ -40,34 +40,7 @@ _NON_ALNUM = re.compile(r"[^A-Za-z0-9]")
 _TIME_RE = re.compile(r":\d\d(?:\.\d+)?")
 
 
-# -- message helpers -----------------------------------------------------------------------------
-def message_text(msg: dict[str, Any]) -> str:
-    """The text of a message whose content is a string or a list of text parts."""
-    c = msg.get("content")
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        return "\n".join(
-            p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
-
-
-def is_ctx(msg: Any) -> bool:
-    """OpenClaw's transient internal-context message (appended to every call, never replayed)."""
-    return (
-        isinstance(msg, dict)
-        and msg.get("role") == "user"
-        and message_text(msg).lstrip().startswith(CTX_MARKER)
-    )
-
-
-def strip_ctx(messages: list[Any]) -> list[Any]:
-    """``messages`` without trailing internal-context messages."""
-    end = len(messages)
-    while end and is_ctx(messages[end - 1]):
-        end -= 1
-    return messages[:end]
+# -- message helpers (shared OpenClaw wire helpers live in clawproxy.openclaw) --------------------
 
 
 def _canon_args(args: Any) -> str:

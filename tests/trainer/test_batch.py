@@ -6,10 +6,10 @@ import random
 
 import pytest
 
+from clawproxy.openclaw import CTX_MARKER
 from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.batch import (
-    OPENCLAW_CONTEXT_MARK,
     add_hint,
     is_degenerate,
     record_skipped,
@@ -117,7 +117,7 @@ def test_hint_goes_to_last_real_user_message_not_openclaw_context():
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": [{"type": "text", "text": "Summarize the file."}]},
-        {"role": "user", "content": [{"type": "text", "text": OPENCLAW_CONTEXT_MARK + "\nActive exec sessions: none"}]},
+        {"role": "user", "content": [{"type": "text", "text": CTX_MARKER + "\nActive exec sessions: none"}]},
     ]
     out = add_hint(messages, "Keep it under 40 words.")
     assert out[3]["content"][0]["text"] == "Summarize the file.\n\n[User's hint: Keep it under 40 words.]"
