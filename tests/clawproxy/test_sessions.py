@@ -20,15 +20,12 @@ from clawproxy.proxy.sessions import (
 )
 from tests.clawproxy.test_proxy_forwarding import CTX_MSG
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "openclaw" / "samples.jsonl"
-if not SAMPLES.exists():  # the repo may sit elsewhere; the shared folder is beside it
-    SAMPLES = Path("/work/shared/openclaw/samples.jsonl")
+# A copy of shared/openclaw/samples.jsonl (real OpenClaw requests; keys are fake test keys).
+SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"
 
 
 @pytest.fixture(scope="module")
 def samples() -> list[dict]:
-    if not SAMPLES.exists():
-        pytest.skip("shared/openclaw/samples.jsonl not present")
     return [orjson.loads(line) for line in SAMPLES.read_bytes().splitlines() if line.strip()]
 
 

@@ -4,7 +4,8 @@ from pathlib import Path
 from judge.extract import clean_user_text, from_turn, last_user_request, next_state_text
 from tests.judge.conftest import CTX, RUNTIME, add_turn
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "openclaw" / "samples.jsonl"
+# A copy of shared/openclaw/samples.jsonl (real OpenClaw requests; keys are fake test keys).
+SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"
 
 
 def test_request_is_the_users_real_text(store):
