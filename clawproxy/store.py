@@ -198,22 +198,31 @@ class Store:
     # -- plumbing ---------------------------------------------------------------------------
     def _migrate(self) -> None:
         with self._lock:
-            version = self._conn.execute("PRAGMA user_version").fetchone()["user_version"]
-            if version > len(MIGRATIONS):
-                raise StoreError(
-                    f"store {self.path} has schema v{version}, newer than this clawproxy "
-                    f"(v{len(MIGRATIONS)}); upgrade clawproxy."
-                )
-            for i in range(version, len(MIGRATIONS)):
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
+            version = self._check_version()
+            if version == len(MIGRATIONS):
+                return
+            # The proxy, judge and trainer processes may open a fresh store at the same moment:
+            # take the write lock, then read the version again, so only one of them migrates.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = self._check_version()
+                for i in range(version, len(MIGRATIONS)):
                     for stmt in _split_sql(MIGRATIONS[i]):
                         self._conn.execute(stmt)
                     self._conn.execute(f"PRAGMA user_version={i + 1}")
-                    self._conn.execute("COMMIT")
-                except Exception:
-                    self._conn.execute("ROLLBACK")
-                    raise
+                self._conn.execute("COMMIT")
+            except Exception:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def _check_version(self) -> int:
+        version = self._conn.execute("PRAGMA user_version").fetchone()["user_version"]
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"store {self.path} has schema v{version}, newer than this clawproxy "
+                f"(v{len(MIGRATIONS)}); upgrade clawproxy."
+            )
+        return version
 
     @property
     def schema_version(self) -> int:

@@ -1,0 +1,30 @@
+"""The store across processes: the proxy, judge and trainer open the same database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clawproxy.store import MIGRATIONS, Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
+    # Each child sleeps until the same instant, then opens (and so migrates) the same new file.
+    for trial in range(3):
+        db = tmp_path / f"t{trial}" / "clawproxy.db"
+        at = time.time() + 1.0
+        code = (f"import time; time.sleep(max(0, {at} - time.time())); "
+                f"from clawproxy.store import Store; Store({str(db)!r}).close()")
+        procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(4)]
+        errors = [p.communicate(timeout=60)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
+        s = Store(db)
+        try:
+            assert s.schema_version == len(MIGRATIONS)
+        finally:
+            s.close()
