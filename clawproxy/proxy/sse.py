@@ -100,7 +100,7 @@ def strip_event(event: bytes, added: Added, sink: list | None = None) -> bytes:
     ``sink`` receives what the recorder needs: the parsed (unstripped) chunk when we had to parse
     it anyway, else the raw event bytes.
     """
-    if b'"token_ids"' not in event and b'"logprobs"' not in event:  # prompt_token_ids too
+    if b'token_ids"' not in event and b'"logprobs"' not in event:  # prompt_token_ids too
         if sink is not None:
             sink.append(event)
         return event
