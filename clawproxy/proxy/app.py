@@ -337,12 +337,17 @@ async def forward(request: web.Request) -> web.StreamResponse:
                                 cap, added, watch)
             if resp is not _REFUSED:
                 return resp
-            st.token_fields_refused = True
-            log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
-                        "token ids from now on (set proxy.record_tokens: false to silence this)")
-            added = Added()
             if cap is not None:
                 cap.http_status = cap.header_weight_version = None
+            resp = await _proxy(request, body, cap, Added(), watch)
+            # Only when the same request succeeds without our fields were they the problem; a
+            # 400 about the client's own fields (say, top_logprobs out of range) must not turn
+            # token recording off for everyone.
+            if resp.status < 400 and not st.token_fields_refused:
+                st.token_fields_refused = True
+                log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
+                            "token ids from now on (set proxy.record_tokens: false to silence this)")
+            return resp
         return await _proxy(request, body, cap, added, watch)
     except asyncio.CancelledError:
         st.aborted += 1

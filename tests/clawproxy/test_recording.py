@@ -81,3 +81,16 @@ async def test_upstream_without_token_fields_still_works(rig):
     # The client's own 400s are not mistaken for that.
     status, _, _ = await rig.chat(_body("x", logprobs=True), {"x-fake-status": "400"})
     assert status == 400
+
+
+async def test_client_error_about_logprobs_does_not_stop_token_recording(rig):
+    # The upstream refuses a field the client itself sent (here: logprobs). Retrying without our
+    # fields fails the same way, so they were not the problem: keep asking for token ids.
+    status, _, _ = await rig.chat(_body("own", logprobs=True), {"x-session-id": "lp",
+                                                                "x-fake-reject-tokens": "1"})
+    assert status == 400
+    status, _, _ = await rig.chat(_body("next"), {"x-session-id": "lp2"})
+    assert status == 200
+    assert rig.fake.received[-1].body.get("return_token_ids") is True
+    await rig.wait_recorded(2)
+    assert rig.turns()[-1]["completion_token_ids"]
