@@ -7,6 +7,7 @@ with a message that says how to fix them. Sections of the YAML file map to the a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -132,6 +133,32 @@ class Config:
         return dataclasses.asdict(self)
 
 
+_NUMBERS = {"int": int, "float": float}
+
+
+def _scalar(f: dataclasses.Field, value: Any, where: str) -> Any:
+    """Check a number or flag against the field's annotation, with a message that says the key.
+
+    A string that reads as the number is accepted: YAML 1.1 loads ``1e-5`` as the string "1e-5".
+    """
+    kinds = {t.strip() for t in str(f.type).split("|")}
+    if value is None and "None" in kinds:
+        return value
+    want = (kinds - {"None"}).pop() if len(kinds - {"None"}) == 1 else None
+    if want in _NUMBERS:
+        ok = isinstance(value, int if want == "int" else (int, float)) and not isinstance(value, bool)
+        if ok:
+            return value
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return _NUMBERS[want](value.strip())
+        raise ConfigError(f"{where} must be {'an integer' if want == 'int' else 'a number'}, "
+                          f"got {value!r}; fix it in the config file or the matching flag.")
+    if want == "bool" and not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}.")
+    return value
+
+
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}.")
@@ -147,7 +174,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         if sub is not None and dataclasses.is_dataclass(sub):
             kwargs[key] = _build(sub, value or {}, f"{where}.{key}")
         else:
-            kwargs[key] = value
+            kwargs[key] = _scalar(f, value, f"{where}.{key}")
     try:
         return cls(**kwargs)
     except TypeError as e:  # wrong types surface here
@@ -177,6 +204,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:
-            node = node.setdefault(part, {}) or {}
+            if node.get(part) is None:  # absent, or an empty `proxy:` section in the file
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise ConfigError(f"config section {part!r} must be a mapping, got {node!r}.")
         node[leaf] = value
     return _build(Config, data, "config")
