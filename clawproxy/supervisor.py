@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import urllib.request
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clawproxy.config import Config
+from clawproxy.errors import ConfigError
 
 log = logging.getLogger("clawproxy")
 
@@ -176,6 +178,18 @@ def engine_url(cfg: Config) -> str:
     return f"http://{cfg.engine.host}:{cfg.engine.port}"
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse to start the engine on a taken port: the proxy would talk to whatever holds it
+    (often an engine left over from an earlier run) and the new engine would restart forever."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise ConfigError(f"the engine port {host}:{port} is taken ({e.strerror}); stop what holds "
+                          "it or pick another with --engine-port.") from e
+
+
 def run(cfg: Config) -> None:
     asyncio.run(_main(cfg))
 
@@ -194,6 +208,8 @@ async def _main(cfg: Config) -> None:
     run_config = _write_run_config(cfg)
 
     engine, workers = build_children(cfg, run_config)
+    if engine is not None:
+        _check_port_free(cfg.engine.host, cfg.engine.port)
     proxy_cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, upstream=engine_url(cfg)))
     ready: Callable[[], bool] | None = engine.is_ready if engine else None
 
@@ -209,7 +225,11 @@ async def _main(cfg: Config) -> None:
     await runner.setup()
     try:
         site = web.TCPSite(runner, cfg.proxy.host, cfg.proxy.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {cfg.proxy.host}:{cfg.proxy.port} ({e.strerror}); "
+                              "is another clawproxy running? Pick another port with --port.") from e
         if engine is not None:
             engine.start()
         url = f"http://{cfg.proxy.host}:{cfg.proxy.port}/v1"

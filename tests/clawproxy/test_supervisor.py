@@ -117,3 +117,20 @@ def test_engine_crash_gives_503_then_recovers(stack):
     time.sleep(1.0)  # the supervisor's readiness probe runs every 0.5 s
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.status == 200
+
+
+@pytest.mark.parametrize("flag", ["--port", "--engine-port"])
+def test_taken_port_is_a_clear_error(tmp_path, flag):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ports = {"--port": free_port(), "--engine-port": free_port(), flag: taken}
+        r = subprocess.run(
+            [sys.executable, "-m", "clawproxy.cli", "start", "--data-dir", str(tmp_path / "d"),
+             "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"),
+             *[str(x) for kv in ports.items() for x in kv]],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and flag in r.stderr and str(taken) in r.stderr, r.stderr
