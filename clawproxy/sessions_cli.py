@@ -7,6 +7,7 @@ light modules: this runs on every `clawproxy` invocation.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -245,7 +246,9 @@ def export(out_path: str | None, session_id: str | None, config_path: str | None
         where, params = "", []
         if session_id:
             where, params = "WHERE t.session_id=?", [_resolve(store, session_id)]
-        out = open(out_path, "wb") if out_path else sys.stdout.buffer  # noqa: SIM115
+        # Owner-only, like the store: an export holds every conversation in full.
+        out = (os.fdopen(os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+               if out_path else sys.stdout.buffer)
         try:
             last = 0
             while True:  # in pages: a store can hold more turns than we want in memory

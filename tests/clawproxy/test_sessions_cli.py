@@ -49,6 +49,7 @@ async def test_list_show_export(filled, tmp_path):
     _run(["sessions", "export", "--out", str(out_file)], d)
     lines = [json.loads(x) for x in out_file.read_text().splitlines()]
     assert len(lines) == 3
+    assert out_file.stat().st_mode & 0o077 == 0  # owner-only, like the store
     first = lines[0]
     for key in ("session_id", "turn", "timestamp", "messages", "prompt_text", "response_text",
                 "tool_calls", "next_state", "kind", "trainable", "reason", "completion_token_ids",
