@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from clawproxy.openclaw import content_text, is_ctx
+from clawproxy.openclaw import is_ctx
 from clawproxy.store import Store
 from trainer.config import TrainerConfig
 
@@ -46,6 +46,7 @@ class Sample:
     weight_version: int
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
 
     @property
     def num_tokens(self) -> int:
@@ -114,7 +115,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
     rows = store.query(
         """
         SELECT t.id, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs,
-               t.finish_reason, t.weight_version, t.request_messages, t.request_tools,
+               t.finish_reason, t.weight_version, t.request_messages, t.request_tools, t.request_params,
                j.score, j.hint
         FROM turns t JOIN judgments j ON j.turn_id = t.id
         WHERE t.trainable = 1 AND t.kind = 'main'
@@ -142,6 +143,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 weight_version=int(row["weight_version"] or 0),
                 messages=row["request_messages"],
                 tools=row["request_tools"],
+                params=row["request_params"] if isinstance(row["request_params"], dict) else None,
             )
         )
     return Selection(samples=samples, skipped=skipped)
@@ -191,27 +193,24 @@ def add_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
 
 def teacher_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
     """Token ids of the teacher's prompt (recorded messages + hint), or None when there is no hint
-    or the chat template cannot render the recorded messages."""
+    or the chat template cannot render the recorded messages.
+
+    Rendered exactly as the embedded engine rendered the student's prompt (``render_chat``: tool
+    instructions, tool-call history, the request's ``tool_choice`` and ``chat_template_kwargs``),
+    so the two prompts differ by the hint alone."""
+    from clawproxy.engine.tools import render_chat
+
     if not sample.hint or not sample.messages:
         return None
+    params = sample.params or {}
+    tools = None if params.get("tool_choice") == "none" else (sample.tools or None)
+    template_kwargs = params.get("chat_template_kwargs")
     try:
-        messages = add_hint(sample.messages, sample.hint)
-        messages = [_plain_content(m) for m in messages]
-        ids = tokenizer.apply_chat_template(
-            messages, tools=sample.tools or None, add_generation_prompt=True, tokenize=True
+        text = render_chat(
+            tokenizer, add_hint(sample.messages, sample.hint), tools,
+            **(template_kwargs if isinstance(template_kwargs, dict) else {}),
         )
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     except Exception:  # a template that cannot render these messages: train without the teacher
         return None
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
     return [int(t) for t in ids]
-
-
-def _plain_content(message: dict[str, Any]) -> dict[str, Any]:
-    """Flatten text-part lists to strings: many chat templates only render string content."""
-    content = message.get("content")
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return {**message, "content": content_text(content)}
-    return message

@@ -46,7 +46,7 @@ from typing import Any
 from aiohttp import web
 
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
-from clawproxy.engine.tools import ToolCallStreamParser, normalize_messages, template_supports_tools
+from clawproxy.engine.tools import ToolCallStreamParser, render_chat
 from clawproxy.errors import EngineError, openai_error_body
 
 log = logging.getLogger(__name__)
@@ -238,14 +238,12 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
         raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
 
     tokenizer = engine.tokenizer
-    native = template_supports_tools(getattr(tokenizer, "chat_template", None))
-    rendered = normalize_messages(messages, tools, native)
     try:
-        text = tokenizer.apply_chat_template(
-            rendered,
-            tools=tools if native else None,
+        text = render_chat(
+            tokenizer,
+            messages,
+            tools,
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-            tokenize=False,
             **template_kwargs,
         )
     except Exception as err:  # jinja errors, templates that reject a role order...

@@ -115,6 +115,29 @@ def normalize_messages(
     return out
 
 
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> str:
+    """The prompt text the embedded engine generates from: ``normalize_messages`` + the model's
+    chat template. One function for the engine and for the trainer's OPD teacher prompt, so the
+    teacher's prompt differs from the recorded (student) prompt by the hint alone: rendered any
+    other way it would lose the tool instructions, or fail on tool-call history, and the
+    teacher - student gap would measure the rendering instead of the hint."""
+    native = template_supports_tools(getattr(tokenizer, "chat_template", None))
+    return tokenizer.apply_chat_template(
+        normalize_messages(messages, tools, native),
+        tools=tools if native else None,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **template_kwargs,
+    )
+
+
 def _json_or_str(args: Any) -> Any:
     if isinstance(args, str):
         try:

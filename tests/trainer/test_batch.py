@@ -145,3 +145,46 @@ def test_teacher_prompt_is_the_recorded_prompt_plus_hint(default_model_dir, stor
     assert hint_len > 5
     sample.hint = None
     assert teacher_prompt_ids(tok, sample) is None
+
+
+def test_teacher_prompt_differs_from_the_engine_prompt_by_the_hint_alone(default_model_dir, store):
+    """OpenClaw offers tools on every main turn and replays tool calls: the teacher's prompt must
+    keep the engine's tool instructions and tool-call history, or the teacher - student gap
+    measures a different prompt instead of the hint (it used to drop the tools section, and
+    return no teacher at all after a tool call)."""
+    import threading
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from clawproxy.engine.server import ServerSettings, _prepare
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    tools = [{"type": "function", "function": {"name": "read", "description": "Read a file",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"path": {"type": "string"}}}}}]
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Summarize a.txt"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "hello world"},
+        {"role": "user", "content": [{"type": "text", "text": "Now say it shorter."}]},
+        {"role": "user", "content": CTX_MARKER + "\nActive exec sessions: none"},
+    ]
+    body = {"messages": messages, "tools": tools, "tool_choice": "auto"}
+    # the prompt the embedded engine renders and records for this request
+    engine = SimpleNamespace(tokenizer=tok, tokenizer_lock=threading.Lock())
+    prompt = _prepare(engine, ServerSettings("m", "m", 8192), body).prompt_ids
+    insert_turn(store, prompt_ids=prompt, completion_ids=_ids(8), messages=messages, tools=tools,
+                params={"tool_choice": "auto", "stream": True}, hint="Answer in one sentence.")
+    sample = select_samples(store, TrainerConfig(), 0).samples[0]
+    teacher = teacher_prompt_ids(tok, sample)
+    assert teacher is not None
+    a = 0
+    while teacher[a] == prompt[a]:
+        a += 1
+    inserted = len(teacher) - len(prompt)
+    assert inserted > 0 and teacher[a + inserted :] == prompt[a:]  # recorded prompt + hint tokens
+    assert "[User's hint: Answer in one sentence.]" in tok.decode(teacher[a : a + inserted])
+    assert "<tools>" in tok.decode(teacher[:a])

@@ -22,6 +22,8 @@ def insert_turn(
     finish_reason: str = "stop",
     trainable: int = 1,
     kind: str = "main",
+    tools: list[dict[str, Any]] | None = None,
+    params: dict[str, Any] | None = None,
 ) -> int:
     """One recorded main turn (+ its judgment when ``score`` is not None); returns the turn id."""
     if logps is None and completion_ids is not None:
@@ -35,6 +37,8 @@ def insert_turn(
             "kind": kind,
             "status": "ok",
             "request_messages": messages or [{"role": "user", "content": "hello"}],
+            "request_tools": tools,
+            "request_params": params,
             "prompt_token_ids": prompt_ids,
             "completion_token_ids": completion_ids,
             "completion_logprobs": logps,
