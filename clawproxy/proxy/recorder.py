@@ -229,6 +229,12 @@ class Recorder:
         if self.store is None:
             self._spool(rec)
             return False
+        if not self.store_ok and not self._replay_spool():
+            # Older turns still wait in the spool: queue behind them. Written first, this turn
+            # would take its session's pending slot, and replaying the older ones after it would
+            # link it to a next state that came before it.
+            self._spool(rec)
+            return False
         try:
             if rec.get("weight_version") is None:
                 hv = rec.get("header_weight_version")
@@ -284,12 +290,20 @@ class Recorder:
             return []
         return sorted(self.data_dir.glob("spool*.jsonl"))
 
-    def _replay_spool(self) -> None:
-        """Feed spooled records into the store; ingest is idempotent (request_id is unique)."""
+    def _replay_spool(self) -> bool:
+        """Feed spooled records into the store, oldest first; True when the spool is empty after.
+
+        Ingest is idempotent (request_id is unique). While the store still fails, the first record
+        fails alone and the files are left as they are, so retrying costs one write per call.
+        """
+        if self.store is None:
+            return False
         files = self._spool_files()
-        if not files or self.store is None:
-            self.spooled = 0 if self.store is not None else self.spooled
-            return
+        if not files:
+            self.spooled = 0
+            return True
+        if not self._probe_spool(files[0]):
+            return False
         replayed = failed = 0
         broken = False
         for p in files:
@@ -329,6 +343,30 @@ class Recorder:
         self.spooled = failed
         if replayed:
             log.info("replayed %d spooled turn(s) into the store", replayed)
+        return failed == 0
+
+    def _probe_spool(self, path: Path) -> bool:
+        """Write the oldest spooled record; False (files untouched) if the store still fails."""
+        assert self.store is not None
+        with open(path, "rb") as f:
+            line = next((x for x in f if x.strip()), None)
+        try:
+            rec = orjson.loads(line) if line is not None else None
+        except orjson.JSONDecodeError:
+            return True  # the full replay skips it
+        if rec is None:
+            return True
+        try:
+            self.tracker.ingest(self.store, rec)
+        except STORE_FAILURES as e:
+            self.tracker.forget()
+            self.store_ok = False
+            self.last_error = f"store write failed during replay: {e}"
+            return False
+        except Exception:
+            self.tracker.forget()
+            return True  # the full replay moves it to rejected.jsonl
+        return True
 
     def _append_spool_line(self, line: bytes) -> None:
         fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -139,3 +139,37 @@ async def test_write_failure_spools_and_replays_on_next_success(rig, tmp_path):
     texts = [t["response_text"].split(" part")[0] for t in rig.turns()]
     assert sorted(texts) == ["pong: after", "pong: during failure", "pong: first"]
     assert (await rig.stats())["spool_records"] == 0
+
+
+async def test_turns_spooled_during_a_failure_link_in_order(rig):
+    # q1 recorded; q2 spooled while inserts fail; q3 arrives after the store recovers. q2 must be
+    # replayed before q3 is written, so q2 gets q3's user message as its next state and q3 waits.
+    def msgs(*qs):
+        out = [{"role": "system", "content": "sys"}]
+        for i, q in enumerate(qs):
+            out.append({"role": "user", "content": q})
+            if i < len(qs) - 1:
+                out.append({"role": "assistant", "content": f"pong: {q} part1 part2 part3"})
+        return {"model": "m", "stream": True, "messages": out}
+
+    h = {"x-session-id": "order"}
+    await rig.chat(msgs("q1"), h)
+    await rig.wait_recorded(1)
+    other = Store(rig.cfg.db_path)
+    other.execute("CREATE TRIGGER fail BEFORE INSERT ON turns BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
+    try:
+        await rig.chat(msgs("q1", "q2"), h)
+        for _ in range(100):
+            if (await rig.stats())["spool_records"] == 1:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        other.execute("DROP TRIGGER fail")
+        other.close()
+    await rig.chat(msgs("q1", "q2", "q3"), h)
+    await rig.wait_recorded(3)
+    by_q = {t["request_messages"][-1]["content"]: t for t in rig.turns()}
+    assert [by_q[q]["turn_index"] for q in ("q1", "q2", "q3")] == [0, 1, 2]
+    assert by_q["q1"]["next_state"] == [{"role": "user", "content": "q2"}]
+    assert by_q["q2"]["next_state"] == [{"role": "user", "content": "q3"}]
+    assert (by_q["q3"]["next_state"], by_q["q3"]["reason"]) == (None, "pending")
