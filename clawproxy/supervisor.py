@@ -29,6 +29,7 @@ from clawproxy.errors import ConfigError
 log = logging.getLogger("clawproxy")
 
 BACKOFF_MAX_S = 30.0
+ENGINE_TOKEN_ENV = "CLAWPROXY_ENGINE_CONTROL_TOKEN"  # read by `python -m clawproxy.engine`
 STOP_GRACE_S = 10.0
 
 
@@ -42,9 +43,11 @@ def _die_with_parent() -> None:
 class Child:
     """One supervised process: started, watched, restarted with backoff, stopped on shutdown."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, health_url: str | None = None):
+    def __init__(self, name: str, argv: list[str], log_path: Path, health_url: str | None = None,
+                 env: dict[str, str] | None = None):
         self.name = name
         self.argv = argv
+        self.env = env  # None: inherit ours
         self.log_path = log_path
         self.health_url = health_url
         self.proc: asyncio.subprocess.Process | None = None
@@ -67,7 +70,7 @@ class Child:
                 logf.write(f"\n==== {time.strftime('%F %T')} starting {self.name}: {' '.join(self.argv)}\n".encode())
                 self.proc = await asyncio.create_subprocess_exec(
                     *self.argv, stdout=logf, stderr=logf, stdin=asyncio.subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_die_with_parent, env=self.env,
                 )
             log.info("%s started (pid %d), log: %s", self.name, self.proc.pid, self.log_path)
             probe = asyncio.create_task(self._probe(), name=f"probe:{self.name}")
@@ -154,12 +157,15 @@ def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Ch
     if cfg.proxy.upstream is None:
         e = cfg.engine
         argv = [py, "-m", "clawproxy.engine", "--model", e.model, "--host", e.host,
-                "--port", str(e.port), "--data-dir", data, "--dtype", e.dtype, "--device", e.device]
+                "--port", str(e.port), "--data-dir", data, "--dtype", e.dtype, "--device", e.device,
+                "--max-model-len", str(e.max_model_len), "--max-batch-size", str(e.max_batch_size),
+                "--default-max-tokens", str(e.default_max_tokens)]
         if e.served_model_name:
             argv += ["--served-model-name", e.served_model_name]
-        if e.control_token:
-            argv += ["--control-token", e.control_token]
-        engine = Child("engine", argv, logs / "engine.log", f"http://{e.host}:{e.port}/health")
+        env = None
+        if e.control_token:  # not on the command line, which every local user can read
+            env = {**os.environ, ENGINE_TOKEN_ENV: e.control_token}
+        engine = Child("engine", argv, logs / "engine.log", f"http://{e.host}:{e.port}/health", env)
     cli = [py, "-m", "clawproxy.cli"]
     workers = []
     if cfg.judge.enabled:

@@ -27,8 +27,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default="./clawproxy-data", help="where converted models are cached")
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=d.device)
-    p.add_argument("--control-token", default=d.control_token,
-                   help="bearer token required for control verbs (needed off loopback)")
+    p.add_argument("--control-token",
+                   default=os.environ.get("CLAWPROXY_ENGINE_CONTROL_TOKEN") or d.control_token,
+                   help="bearer token required for control verbs (needed off loopback); "
+                        "default: $CLAWPROXY_ENGINE_CONTROL_TOKEN, which `clawproxy start` sets")
     p.add_argument("--served-model-name", default=d.served_model_name)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)

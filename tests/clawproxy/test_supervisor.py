@@ -134,3 +134,20 @@ def test_taken_port_is_a_clear_error(tmp_path, flag):
         )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and flag in r.stderr and str(taken) in r.stderr, r.stderr
+
+
+def test_engine_gets_its_config_and_the_token_off_the_command_line(tmp_path, monkeypatch):
+    from clawproxy.config import load_config
+    from clawproxy.engine.__main__ import parse_args
+    from clawproxy.supervisor import build_children
+
+    cfg = load_config(None, {"data_dir": str(tmp_path), "engine.max_model_len": 1024,
+                             "engine.max_batch_size": 3, "engine.default_max_tokens": 64,
+                             "engine.control_token": "s3cret"})
+    engine, _ = build_children(cfg, tmp_path / "run-config.yaml")
+    assert engine is not None and "s3cret" not in " ".join(engine.argv)  # `ps` shows argv
+    for k, v in (engine.env or {}).items():
+        monkeypatch.setenv(k, v)
+    args = parse_args(engine.argv[3:])  # what the engine process will parse
+    assert (args.max_model_len, args.max_batch_size, args.default_max_tokens) == (1024, 3, 64)
+    assert args.control_token == "s3cret"
