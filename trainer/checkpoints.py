@@ -97,19 +97,22 @@ def write_atomically(out_dir: Path, save: Any) -> Path:
     return out_dir
 
 
-def prune(store: Store, keep: int) -> list[int]:
+def prune(store: Store, keep: int, root: Path) -> list[int]:
     """Delete the directories of published versions older than the newest ``keep``; mark them deleted.
 
-    A directory still referenced by a kept row (a rollback points at an old dir) stays on disk.
+    A directory still referenced by a kept row (a rollback points at an old dir) stays on disk, and
+    only directories under ``root`` (the trainer's checkpoints) are ever deleted: a rollback to v0
+    records the base model's directory, which is the user's model, not ours.
     """
     rows = store.query(
         "SELECT version, path FROM checkpoints WHERE status='published' ORDER BY version DESC"
     )
     kept, old = rows[:keep], rows[keep:]
     kept_paths = {r["path"] for r in kept}
+    root = Path(root).resolve()
     deleted = []
     for r in old:
-        if r["path"] not in kept_paths:
+        if r["path"] not in kept_paths and Path(r["path"]).resolve().parent == root:
             shutil.rmtree(r["path"], ignore_errors=True)
         store.update("checkpoints", "version", r["version"], {"status": "deleted"})
         deleted.append(int(r["version"]))

@@ -377,7 +377,7 @@ class Trainer:
         m["publish_s"] = time.perf_counter() - t0
         m["batch_to_serving_s"] = time.time() - batch_ready
         step_id = self._record(samples, m, "published", version, out_dir)
-        deleted = prune(self.store, self.tcfg.keep_checkpoints)
+        deleted = prune(self.store, self.tcfg.keep_checkpoints, self.ckpt_root)
         if deleted:
             log.info("deleted old checkpoints %s", deleted)
         return "published", version, step_id

@@ -178,6 +178,7 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     config_file = tmp_path / "cfg.yaml"
     config_file.write_text(
         f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 2\n  canary_max_tokens: 12\n"
+        "  keep_checkpoints: 1\n"
     )
     runner = CliRunner()
     res = runner.invoke(main, ["rollback", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file), "--no-engine"])
@@ -196,6 +197,9 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     res = runner.invoke(main, ["train", "--steps", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
     assert res.exit_code == 0, res.output
     assert "v3 -> v4" in res.output
+    # v3 (the rollback to v0) was pruned: its row points at the base model, which must stay
+    assert store.query_one("SELECT status FROM checkpoints WHERE version=3")["status"] == "deleted"
+    assert (tiny_model_dir / "model.safetensors").exists()
 
 
 def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
