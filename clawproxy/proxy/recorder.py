@@ -140,12 +140,19 @@ class Recorder:
         try:
             await asyncio.wait_for(self.queue.join(), timeout)
         except TimeoutError:
-            log.error("recorder: %d record(s) still queued at shutdown were lost", self.queue.qsize())
+            log.error("recorder: the store is slow; %d record(s) still queued at shutdown go to %s",
+                      self.queue.qsize(), self.spool_path)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        left = []
+        while not self.queue.empty():
+            left.append(self.queue.get_nowait())
+            self.queue.task_done()
         loop = asyncio.get_running_loop()
+        if left:  # replayed at the next start
+            await loop.run_in_executor(self._executor, self._spool_captures, left)
         await loop.run_in_executor(self._executor, self._close_store)
         self._executor.shutdown(wait=True)
 
@@ -207,6 +214,13 @@ class Recorder:
             self.spooled = self._count_spool()
             return
         self._replay_spool()
+
+    def _spool_captures(self, caps: list[Capture]) -> None:
+        for cap in caps:
+            try:
+                self._spool(parse_capture(cap))
+            except Exception:
+                log.exception("recorder: cannot parse turn %s; skipped", cap.request_id)
 
     def _close_store(self) -> None:
         if self.store is not None:

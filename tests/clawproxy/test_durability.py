@@ -173,3 +173,46 @@ async def test_turns_spooled_during_a_failure_link_in_order(rig):
     assert by_q["q1"]["next_state"] == [{"role": "user", "content": "q2"}]
     assert by_q["q2"]["next_state"] == [{"role": "user", "content": "q3"}]
     assert (by_q["q3"]["next_state"], by_q["q3"]["reason"]) == (None, "pending")
+
+
+async def test_turns_still_queued_when_shutdown_times_out_are_spooled(tmp_path):
+    # Another process holds the write lock: the recorder's first batch waits on it, the second
+    # turn is still queued when close() gives up waiting. It goes to the spool, not nowhere.
+    from clawproxy.config import load_config
+    from clawproxy.proxy.recorder import Capture, Recorder
+
+    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": "http://127.0.0.1:9"})
+    rec = Recorder(cfg)
+    await rec.start()
+
+    def cap(rid: str) -> Capture:
+        c = Capture(rid, time.time(), "/v1/chat/completions", time.perf_counter(),
+                    body={"model": "m", "messages": [{"role": "user", "content": rid}]},
+                    session_headers={"x-session-id": "slow"}, http_status=200)
+        c.chunks.append(b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},'
+                        b'"finish_reason":"stop"}]}')
+        c.t_end = time.perf_counter()
+        return c
+
+    blocker = Store(cfg.db_path)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        rec.submit(cap("first"))
+        await asyncio.sleep(0.2)  # the drain task took it and waits for the lock
+        rec.submit(cap("second"))
+        closing = asyncio.create_task(rec.close(timeout=0.3), name="close")
+        await asyncio.sleep(0.6)
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    await closing
+    assert b'"second"' in (cfg.data_path / "spool.jsonl").read_bytes()
+    rec2 = Recorder(cfg)
+    await rec2.start()  # replays the spool
+    await rec2.close()
+    st = Store(cfg.db_path)
+    try:
+        assert [r["request_id"] for r in st.query("SELECT request_id FROM turns ORDER BY id")] == [
+            "first", "second"]
+    finally:
+        st.close()
