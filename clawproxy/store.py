@@ -192,7 +192,7 @@ class Store:
                 p = Path(str(self.path) + suffix)
                 if p.exists():
                     os.chmod(p, 0o600)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:  # OSError: the data dir cannot be created or chmod-ed
             raise StoreError(f"cannot open store {self.path}: {e}") from e
 
     # -- plumbing ---------------------------------------------------------------------------

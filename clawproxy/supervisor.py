@@ -207,11 +207,15 @@ async def _main(cfg: Config) -> None:
     from clawproxy.store import Store
 
     data = cfg.data_path
-    data.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(data, 0o700)
-    _setup_logging(data)
-    Store(cfg.db_path).close()  # create/migrate up front: a broken store is a clear startup error
-    run_config = _write_run_config(cfg)
+    try:
+        data.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(data, 0o700)
+        _setup_logging(data)
+        Store(cfg.db_path).close()  # create/migrate up front: a broken store is a clear startup error
+        run_config = _write_run_config(cfg)
+    except OSError as e:
+        raise ConfigError(f"cannot use the data dir {data} ({e.strerror or e}); pass a writable "
+                          "directory with --data-dir.") from e
 
     engine, workers = build_children(cfg, run_config)
     if engine is not None:

@@ -151,3 +151,15 @@ def test_engine_gets_its_config_and_the_token_off_the_command_line(tmp_path, mon
     args = parse_args(engine.argv[3:])  # what the engine process will parse
     assert (args.max_model_len, args.max_batch_size, args.default_max_tokens) == (1024, 3, 64)
     assert args.control_token == "s3cret"
+
+
+def test_unusable_data_dir_is_a_clear_error(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    r = subprocess.run(
+        [sys.executable, "-m", "clawproxy.cli", "start", "--upstream", "http://127.0.0.1:9",
+         "--port", str(free_port()), "--data-dir", str(not_a_dir), "--no-judge", "--no-train"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "--data-dir" in r.stderr, r.stderr
