@@ -141,6 +141,7 @@ class Engine:
         self._active: list[GenRequest] = []
         self._controls: collections.deque[_Control] = collections.deque()
         self._pause_mode: str | None = None  # requested mode while pausing/paused
+        self._wait_admit = 0  # pause(wait): queued requests accepted before it, still to be run
         self._parked = False  # worker acknowledged the pause
         self._abort_requested = False
         self._stopping = False
@@ -213,6 +214,9 @@ class Engine:
         with self._cond:
             self._pause_mode = mode
             self._abort_requested = mode == "abort"
+            # wait drains what was accepted before the pause, queued or decoding (as vLLM's
+            # wait_for_inflight_requests): a queued request is in flight for its client
+            self._wait_admit = len(self._pending) if mode == "wait" else 0
             self._cond.notify_all()
             if not self._cond.wait_for(lambda: self._parked or self._stopping, timeout):
                 raise EngineError("the engine did not pause in time", status=504)
@@ -220,6 +224,7 @@ class Engine:
     def resume(self) -> None:
         with self._cond:
             self._pause_mode = None
+            self._wait_admit = 0
             self._parked = False
             self._cond.notify_all()
 
@@ -296,7 +301,12 @@ class Engine:
                             # Only what was in flight when pause(abort) came; later ones wait.
                             self._abort_requested = False
                             self._abort_all("aborted by pause(mode=abort)")
-                        if mode in ("keep", "abort") or (mode == "wait" and not self._active):
+                        if mode == "wait":
+                            while (self._wait_admit > 0 and self._pending
+                                   and len(self._active) + len(new) < self.max_batch_size):
+                                new.append(self._pending.popleft())
+                                self._wait_admit -= 1
+                        if mode in ("keep", "abort") or (mode == "wait" and not self._active and not new):
                             if not self._parked:
                                 self._parked = True
                                 self._cond.notify_all()

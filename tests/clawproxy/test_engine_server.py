@@ -286,3 +286,32 @@ def test_pause_wait_drains_in_flight_requests_first(engine_url):
         assert client.is_paused()
         client.resume()
     assert chat(engine_url, {"messages": MSGS, "max_tokens": 2}).status_code == 200
+
+
+def test_pause_wait_also_drains_requests_still_queued(tiny):
+    """A request accepted before pause(wait) but not yet scheduled is in flight for its client
+    (it may already have its first SSE chunk): wait must run it to the end, not park it until
+    resume. Deterministic: the worker starts only after the request is queued and the pause set."""
+    from clawproxy.engine.core import Engine, GenRequest, SamplingParams
+
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, threads=1)
+    events = []
+    prompt = tokenizer.apply_chat_template(MSGS, add_generation_prompt=True, tokenize=False)
+    req = GenRequest(prompt_ids=tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                     params=SamplingParams(max_tokens=5, temperature=0.0), emit=events.append)
+    engine.submit(req)
+    with ThreadPoolExecutor(1) as pool:
+        paused = pool.submit(engine.pause, "wait", 30.0)
+        deadline = time.monotonic() + 10
+        while not engine.is_paused and time.monotonic() < deadline:  # pause requested first
+            time.sleep(0.01)
+        engine.start()
+        try:
+            paused.result(30)
+            assert req.finished and events[-1].finish_reason == "length"
+            assert sum(len(e.token_ids) for e in events) == 5
+            assert engine.is_paused
+        finally:
+            engine.resume()
+            engine.stop()
