@@ -119,9 +119,14 @@ class Child:
                 await self._task
 
 
+# Readiness probes go straight to the child: urlopen would send even 127.0.0.1 through
+# $http_proxy unless $no_proxy lists it, and the engine would never count as ready.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with _OPENER.open(url, timeout=2) as r:
             return r.status == 200
     except Exception:
         return False

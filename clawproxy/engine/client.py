@@ -44,6 +44,9 @@ from typing import Any, Literal
 from clawproxy.errors import EngineError
 
 PauseMode = Literal["keep", "wait", "abort"]
+# The engine is ours to reach directly, like the proxy does (aiohttp ignores proxy variables):
+# urlopen would send even 127.0.0.1 through $http_proxy unless $no_proxy lists it.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class EngineClient:
@@ -107,7 +110,7 @@ class EngineClient:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+            with _OPENER.open(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as err:
             raw = err.read()

@@ -103,3 +103,11 @@ def test_unreachable_engine_is_an_engine_error():
     with pytest.raises(EngineError) as info:
         client.weight_version()
     assert info.value.status == 503 and "unreachable" in info.value.message
+
+
+async def test_engine_reached_directly_despite_http_proxy(fake, monkeypatch):
+    # A user's $http_proxy (here a dead one) must not stand between us and our engine.
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("no_proxy", "")
+    client = EngineClient(str(fake.make_url("/v1")), kind="vllm", token="sk-test")
+    assert await asyncio.to_thread(client.health)
