@@ -408,7 +408,7 @@ class SessionTracker:
         )
         st = None
         if sid is not None:
-            self._upsert_session(store, sid, source or "new", ident, now)
+            self._upsert_session(store, sid, source or "new", ident, now, active=side_kind is None)
             st = self._state(store, sid)
             row["turn_index"] = st.next_index
             st.next_index += 1
@@ -441,15 +441,20 @@ class SessionTracker:
             values.update(trainable=1, reason="ok")
         store.update("turns", "id", p.turn_id, values)
 
-    def _upsert_session(self, store: Store, sid: str, source: str, ident: Identity, now: float) -> None:
+    def _upsert_session(self, store: Store, sid: str, source: str, ident: Identity, now: float,
+                        active: bool = True) -> None:
+        """Create or touch the session. Only ``active`` (non-side) turns restart its idle clock:
+        OpenClaw's heartbeat runs in the main session every 30 minutes and would otherwise keep
+        the last main turn waiting for a next state forever."""
         store.execute(
             "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-            "last_seen=MAX(last_seen, excluded.last_seen), finalized_at=NULL, "
+            "last_seen=CASE WHEN ? THEN MAX(last_seen, excluded.last_seen) ELSE last_seen END, "
+            "finalized_at=CASE WHEN ? THEN NULL ELSE finalized_at END, "
             "compaction=COALESCE(excluded.compaction, compaction), "
             "session_key=COALESCE(session_key, excluded.session_key), "
             "agent=COALESCE(agent, excluded.agent)",
-            (sid, source, ident.session_key, ident.agent, ident.compaction, now, now),
+            (sid, source, ident.session_key, ident.agent, ident.compaction, now, now, active, active),
         )
 
     def finalize_idle(self, store: Store, now: float | None = None) -> int:

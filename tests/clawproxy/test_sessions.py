@@ -238,3 +238,20 @@ async def test_retry_without_identity_joins_the_same_session(rig):
     failed, kept = rig.turns()
     assert failed["session_id"].startswith("anon-") and kept["session_id"] == failed["session_id"]
     assert (failed["kind"], kept["kind"], kept["reason"]) == ("retry", "main", "pending")
+
+
+async def test_heartbeats_do_not_keep_a_session_from_finalizing(make_rig):
+    # OpenClaw's heartbeat runs in the main session; it is not the user coming back.
+    import asyncio
+
+    rig = await make_rig(**{"sessions.idle_timeout_s": 0.6})
+    h = {"x-session-id": "hb"}
+    await rig.chat({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}, h)
+    hb = {"model": "m", "stream": True, "messages": [
+        {"role": "user", "content": "Follow the heartbeat monitor scratch context when provided."}]}
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        await rig.chat(hb, h)
+        await asyncio.sleep(0.15)
+    main = [t for t in rig.turns() if t["kind"] == "main"]
+    assert [t["reason"] for t in main] == ["no_next_state"]
