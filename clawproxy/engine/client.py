@@ -169,13 +169,16 @@ class EngineClient:
         """Swap in the checkpoint at ``path`` as weight version ``version``; return the version.
 
         Sequence: pause (keep) -> reload -> reset prefix cache -> resume. Resume always runs,
-        so a refused checkpoint leaves the engine serving its old weights, unpaused. Raises
+        even when the pause itself failed, so a refused checkpoint leaves the engine serving its
+        old weights, unpaused. Raises
         EngineError with the server's message when the reload is refused.
         """
         path = str(path)
         version = int(version)
-        self.pause("keep")
         try:
+            # inside the try: a pause whose answer is lost (timeout, dropped connection) may
+            # still have paused the engine, and nothing else would ever resume it
+            self.pause("keep")
             if lora:
                 body: dict[str, Any] = {
                     "lora_name": self.lora_name,

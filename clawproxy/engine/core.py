@@ -218,7 +218,11 @@ class Engine:
             # wait_for_inflight_requests): a queued request is in flight for its client
             self._wait_admit = len(self._pending) if mode == "wait" else 0
             self._cond.notify_all()
-            if not self._cond.wait_for(lambda: self._parked or self._stopping, timeout):
+            # a resume before the worker parked supersedes this pause (a client that gave up on
+            # the answer resumes): return instead of waiting for a park that will not come
+            if not self._cond.wait_for(
+                lambda: self._parked or self._stopping or self._pause_mode is None, timeout
+            ):
                 raise EngineError("the engine did not pause in time", status=504)
 
     def resume(self) -> None:

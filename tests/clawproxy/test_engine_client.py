@@ -58,6 +58,19 @@ async def test_vllm_refused_reload_resumes_and_keeps_version(fake, tmp_path):
     assert not fake.app[STATE]["paused"]
 
 
+async def test_pause_whose_answer_times_out_is_still_resumed(fake, tmp_path):
+    """The engine paused but its answer came too late for the client: without a resume, every
+    user request would be held forever."""
+    fake.app[STATE]["pause_delay_s"] = 1.5
+    client = EngineClient(str(fake.make_url("")), kind="vllm", reload_timeout=0.3)
+    with pytest.raises(EngineError) as info:
+        await asyncio.to_thread(client.load_weights, str(tmp_path), 1)
+    assert info.value.status == 503 and client.weight_version() == 0
+    assert ("POST", "/resume") in _control_calls(fake)
+    await asyncio.sleep(1.5)  # the late pause answer has been sent
+    assert not fake.app[STATE]["paused"]
+
+
 async def test_vllm_lora_inplace_and_token(fake, tmp_path):
     adapter = tmp_path / "lora"
     adapter.mkdir()

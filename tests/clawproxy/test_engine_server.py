@@ -315,3 +315,20 @@ def test_pause_wait_also_drains_requests_still_queued(tiny):
         finally:
             engine.resume()
             engine.stop()
+
+
+def test_resume_before_the_worker_parked_ends_the_pending_pause(tiny):
+    """A controller that gave up waiting for pause() resumes: the pause call must return, not
+    hold its HTTP handler (and thread) forever waiting for a park that never comes."""
+    from clawproxy.engine.core import Engine
+
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, threads=1)  # worker not started: it cannot park
+    with ThreadPoolExecutor(1) as pool:
+        paused = pool.submit(engine.pause, "keep", 5.0)
+        deadline = time.monotonic() + 5
+        while not engine.is_paused and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.resume()
+        paused.result(10)  # returns; EngineError (did not pause in time) before the fix
+    assert not engine.is_paused

@@ -75,6 +75,7 @@ def create_fake_vllm(
         "loras": {},
         "weights_path": None,
         "fail_reload": False,
+        "pause_delay_s": 0.0,  # vLLM's pause answers once in-flight work froze/drained: may be slow
     }
     app[STATE]["resumed"].set()
     app.router.add_get("/health", health)
@@ -186,6 +187,8 @@ async def pause(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state["paused"] = True
     state["resumed"].clear()
+    if state["pause_delay_s"]:
+        await asyncio.sleep(state["pause_delay_s"])
     return web.json_response({"status": "paused"})
 
 
