@@ -226,6 +226,8 @@ def trainability(rec: dict[str, Any], kind: str) -> str:
     finish = rec.get("finish_reason")
     if finish == "length":
         return "truncated"
+    if finish == "abort":  # the engine cut it short (vLLM's abort; our engine's shutdown)
+        return "aborted"
     if finish not in ("stop", "tool_calls"):
         return "error"
     if is_degenerate(rec.get("response_text") or ""):

@@ -17,6 +17,7 @@ from clawproxy.proxy.sessions import (
     prefix_hashes,
     split_compaction,
     strip_ctx,
+    trainability,
 )
 from tests.clawproxy.test_proxy_forwarding import CTX_MSG
 
@@ -93,6 +94,15 @@ def test_next_state_tolerates_rerendering():
           {"role": "user", "content": "Follow the heartbeat monitor scratch context when provided."},
           {"role": "assistant", "content": "NO_REPLY"}, {"role": "user", "content": "thanks"}, CTX_MSG]
     assert next_state_after(hb, 1, prefix_hashes(hb[:1])[-1]) == [{"role": "user", "content": "thanks"}]
+
+
+def test_trainability_reasons():
+    ok = {"status": "ok", "response_text": "fine answer"}
+    assert trainability({**ok, "finish_reason": "stop"}, "main") == "pending"
+    assert trainability({**ok, "finish_reason": "length"}, "main") == "truncated"
+    # the engine cut the generation short (shutdown, abort-mode pause): not an error of the turn
+    assert trainability({**ok, "finish_reason": "abort"}, "main") == "aborted"
+    assert trainability({**ok, "status": "aborted", "finish_reason": None}, "main") == "aborted"
 
 
 def test_degenerate():
