@@ -208,6 +208,7 @@ def teacher_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
     try:
         text = render_chat(
             tokenizer, add_hint(sample.messages, sample.hint), tools,
+            add_generation_prompt=bool(params.get("add_generation_prompt", True)),
             **(template_kwargs if isinstance(template_kwargs, dict) else {}),
         )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
