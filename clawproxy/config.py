@@ -67,6 +67,13 @@ class ProxyConfig:
                     f"proxy.upstream={self.upstream!r} must be an http(s) URL, "
                     "e.g. --upstream http://127.0.0.1:8000"
                 )
+            if "@" in self.upstream.split("://", 1)[1].split("/", 1)[0]:
+                # Every OpenAI client sends its own Authorization header, which the proxy
+                # forwards; credentials in the URL would clash with it (and end up in logs).
+                raise ConfigError(
+                    "proxy.upstream must not carry user:password; give the upstream's key to "
+                    "OpenClaw as the provider apiKey, the proxy forwards it."
+                )
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.control_token:
             # Control endpoints stay closed; the forwarded API is still served.
             pass

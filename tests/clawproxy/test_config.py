@@ -35,3 +35,13 @@ def test_wrong_type_names_the_key(tmp_path, yaml_text, key):
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert key in e.value.message
+
+
+def test_upstream_with_credentials_is_refused():
+    # aiohttp refuses a URL with user:password beside the client's Authorization header, so
+    # every request would fail with a 500; say how to pass the key instead.
+    with pytest.raises(ConfigError) as e:
+        load_config(None, {"proxy.upstream": "https://user:sk-x@llm.example.com/v1"})
+    assert "apiKey" in e.value.message and "sk-x" not in e.value.message
+    assert load_config(None, {"proxy.upstream": "http://127.0.0.1:8000/v1"}).proxy.upstream == \
+        "http://127.0.0.1:8000"
