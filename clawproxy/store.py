@@ -183,7 +183,7 @@ class Store:
             finally:
                 os.umask(old_umask)
             self._conn.row_factory = _row
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._enable_wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.execute("PRAGMA busy_timeout=30000")
@@ -196,6 +196,20 @@ class Store:
             raise StoreError(f"cannot open store {self.path}: {e}") from e
 
     # -- plumbing ---------------------------------------------------------------------------
+    def _enable_wal(self) -> None:
+        # Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
+        # locked" at once (the busy handler is not consulted) when another process switches it at
+        # the same moment, as the proxy, judge and trainer do on a first start. Retry briefly.
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
     def _migrate(self) -> None:
         with self._lock:
             version = self._check_version()
