@@ -194,12 +194,50 @@ def collect_stats(store: Any) -> dict[str, Any]:
     }
 
 
+def plot_stats(data: dict[str, Any], path: str) -> None:
+    """Per weight version: the mean judge score of the turns it served (is it getting better?)
+    and the samples trained into it; refused gates and rollbacks are marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    versions = data["versions"]
+    xs = [v["version"] for v in versions]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    scored = [(v["version"], v["mean_score"]) for v in versions if v.get("mean_score") is not None]
+    if scored:
+        ax.plot(*zip(*scored, strict=True), marker="o", color="tab:blue", label="mean judge score of served turns")
+    ax.set_ylim(-1.05, 1.05)
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_xlabel("weight version")
+    ax.set_ylabel("mean judge score")
+    ax2 = ax.twinx()
+    ax2.bar(xs, [v["samples_trained"] for v in versions], alpha=0.25, color="tab:orange",
+            label="samples trained into this version")
+    ax2.set_ylabel("samples trained")
+    for v in versions:
+        if v["steps_gate_failed"]:
+            ax.annotate(f"{v['steps_gate_failed']} refused", (v["version"], -1.0), fontsize=7, ha="center")
+        if v["source"].startswith("rollback"):
+            ax.axvline(v["version"], color="tab:red", linestyle="--", linewidth=0.8)
+    lines = ax.get_legend_handles_labels()
+    bars = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + bars[0], lines[1] + bars[1], loc="upper left", fontsize=8)
+    ax.set_title(f"clawproxy learning progress (serving v{data['current_version']}, {data['steps']} steps)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 @click.command(context_settings=CONTEXT)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="YAML config file (default: configs/default.yaml).")
 @click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def stats(config_path, data_dir, as_json) -> None:
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a PNG: mean judge score and samples trained per weight version.")
+def stats(config_path, data_dir, as_json, plot_path) -> None:
     """Learning progress per weight version: samples trained, judge scores, gate results, rollbacks."""
     from rich.console import Console
     from rich.table import Table
@@ -212,9 +250,13 @@ def stats(config_path, data_dir, as_json) -> None:
         data = collect_stats(store)
     finally:
         store.close()
+    if plot_path:
+        plot_stats(data, plot_path)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
+    if plot_path:
+        click.echo(f"plot written to {plot_path}")
     table = Table(title=f"weight versions (serving v{data['current_version']})")
     for col in ("version", "from", "status", "samples trained", "turns served", "judged", "mean score", "steps ok/refused"):
         table.add_column(col, justify="right" if col not in ("from", "status") else "left")

@@ -190,8 +190,11 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     by_v = {v["version"]: v for v in data["versions"]}
     assert by_v[1]["samples_trained"] == 2 and by_v[3]["source"] == "rollback to v0"
     assert by_v[0]["served_turns"] == 4 and by_v[0]["mean_score"] == 0.0
-    res = runner.invoke(main, ["stats", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
+    png = tmp_path / "stats.png"
+    res = runner.invoke(main, ["stats", "--data-dir", str(cfg.data_path), "--config", str(config_file),
+                               "--plot", str(png)])
     assert res.exit_code == 0 and "v2 -> weights of v0 as v3" in res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
     _add(store, tiny_model_dir, 2, seed=3, version=3)
     res = runner.invoke(main, ["train", "--steps", "1", "--data-dir", str(cfg.data_path), "--config", str(config_file)])
