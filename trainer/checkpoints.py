@@ -13,14 +13,13 @@ rollback as its own step.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawproxy.engine.model import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store, dumps
 
@@ -81,20 +80,7 @@ def write_atomically(out_dir: Path, save: Any) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.parent.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + out_dir.name + "-", dir=out_dir.parent))
-    try:
-        save(tmp)
-        for f in tmp.iterdir():  # flush file contents before the rename makes them visible
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    return write_dir_atomically(out_dir, save)
 
 
 def prune(store: Store, keep: int, root: Path) -> list[int]:

@@ -71,11 +71,31 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     model.tie_weights()
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    try:
+
+    def save(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+
+    return write_dir_atomically(out_dir, save)
+
+
+def write_dir_atomically(out_dir: Path, save: Any) -> Path:
+    """Call ``save(tmp_dir)`` beside ``out_dir``, fsync the files, then move it there in one rename.
+
+    A crash leaves only a ``.tmp-*`` directory, never a half-written ``out_dir``; an existing
+    ``out_dir`` is replaced. Used for converted models and for the trainer's checkpoints.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + out_dir.name + "-", dir=out_dir.parent))
+    try:
+        save(tmp)
+        for f in tmp.iterdir():  # flush file contents before the rename makes them visible
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

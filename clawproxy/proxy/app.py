@@ -189,19 +189,15 @@ def _error(status: int, message: str, type_: str, code: str | None = None,
 
 
 def _request_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    drop = {t.strip().lower() for t in h.get("Connection", "").split(",") if t.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in h.items():
-        lk = k.lower()
-        if lk not in HOP_BY_HOP and lk not in drop:
-            out.add(k, v)
+    out = _end_to_end_headers(h)
     # Compression buys nothing on loopback and costs CPU per chunk; aiohttp still decodes it
     # if an upstream compresses anyway.
     out["Accept-Encoding"] = "identity"
     return out
 
 
-def _response_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def _end_to_end_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """``h`` without hop-by-hop headers, including those named by its Connection header."""
     drop = {t.strip().lower() for t in h.get("Connection", "").split(",") if t.strip()}
     out: CIMultiDict[str] = CIMultiDict()
     for k, v in h.items():
@@ -405,7 +401,7 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
         return _upstream_failure(request, cap, e)
 
     try:
-        headers = _response_headers(up.headers)
+        headers = _end_to_end_headers(up.headers)
         is_sse = up.headers.get("Content-Type", "").startswith("text/event-stream")
         if cap is not None:
             cap.http_status = up.status
