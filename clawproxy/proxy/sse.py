@@ -210,13 +210,13 @@ class _StreamState:
             self.order.append(key)
         return call
 
-    def chunk(self, obj: dict[str, Any]) -> None:
+    def envelope(self, obj: dict[str, Any]) -> bool:
+        """The fields around the choices (chunk or whole body); False for an error object."""
         out = self.out
-        out.events += 1
         if "error" in obj and not obj.get("choices"):
             err = obj["error"]
             out.error = err.get("message") if isinstance(err, dict) else str(err)
-            return
+            return False
         out.response_id = out.response_id or obj.get("id")
         out.model = out.model or obj.get("model")
         self._versions(obj)
@@ -224,6 +224,13 @@ class _StreamState:
             out.usage = obj["usage"]
         if isinstance(obj.get("prompt_token_ids"), list):
             out.prompt_token_ids = obj["prompt_token_ids"]
+        return True
+
+    def chunk(self, obj: dict[str, Any]) -> None:
+        out = self.out
+        out.events += 1
+        if not self.envelope(obj):
+            return
         for choice in obj.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # OpenClaw reads choices[0] only; so do we.
@@ -335,17 +342,8 @@ def assemble_json(raw: bytes) -> Assembled:
         return state.finish()
     if not isinstance(obj, dict):
         return state.finish()
-    if "error" in obj and not obj.get("choices"):
-        err = obj["error"]
-        out.error = err.get("message") if isinstance(err, dict) else str(err)
+    if not state.envelope(obj):
         return state.finish()
-    out.response_id = obj.get("id")
-    out.model = obj.get("model")
-    state._versions(obj)
-    if isinstance(obj.get("usage"), dict):
-        out.usage = obj["usage"]
-    if isinstance(obj.get("prompt_token_ids"), list):
-        out.prompt_token_ids = obj["prompt_token_ids"]
     for choice in obj.get("choices") or ():
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
             continue
