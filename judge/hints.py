@@ -9,10 +9,23 @@ nothing about what to do instead, so it yields no hint.
 
 from __future__ import annotations
 
+import re
+
 from judge.extract import JudgeInput
-from judge.lexical import Cues, cues
+from judge.lexical import Cues, cues, overlap
 
 MAX_QUOTE = 240
+
+# Where a reply stops correcting the last answer and starts the next request: "Too long. Keep it
+# short. Next question: how do I ...?" The teacher must see the correction, not a new question it
+# would start answering instead.
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_NEXT_REQUEST = re.compile(
+    r"^\s*(?:another one|next question|new question|one more|something else|moving on|also|now|next|"
+    r"ok(?:ay)?,? (?:next|now|and)|anyway|by the way|btw|unrelated|different (?:topic|question)|"
+    r"separately|on another note)\b",
+    re.IGNORECASE,
+)
 
 
 def _quote(text: str) -> str:
@@ -20,6 +33,25 @@ def _quote(text: str) -> str:
     if len(text) > MAX_QUOTE:
         text = text[: MAX_QUOTE - 1].rstrip() + "…"
     return text.replace("'", "’")
+
+
+def corrective_part(text: str, request: str = "") -> str:
+    """The reply up to where it moves on to a new request.
+
+    From the second sentence on, the reply is cut at the first sentence that opens with a
+    transition ("Next question:", "Also, ...", "Moving on.") or is a question on another subject
+    (no corrective cue, little overlap with the request). The first sentence always stays.
+    """
+    sentences = [x for x in _SENTENCE.split(" ".join(text.split())) if x]
+    kept = sentences[:1]
+    for sent in sentences[1:]:
+        if _NEXT_REQUEST.match(sent):
+            break
+        c = cues(sent, request)
+        if sent.endswith("?") and not c.negative and overlap(sent, request) < 0.5:
+            break
+        kept.append(sent)
+    return " ".join(kept)
 
 
 def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
@@ -41,7 +73,7 @@ def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
     c = c or cues(text, inp.request)
     if c.words < 3 and not (c.correction or c.redo):
         return None
-    said = _quote(text)
+    said = _quote(corrective_part(text, inp.request))
     if c.redo:
         return f"The user asked for a different version: '{said}'. Write the response that way."
     if c.correction:

@@ -99,3 +99,26 @@ def test_hints_quote_corrective_feedback():
     assert feedback_hint(_inp("useless")) is None  # no corrective content, no hint
     tool_hint = feedback_hint(_inp("Error: EACCES: permission denied, open '/etc/x'", role="tool"))
     assert tool_hint is not None and "permission denied" in tool_hint
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "Can you be briefer? I asked for answers under 40 words. Another one: What should I do if my phone gets wet?",
+        "Please keep your answers short, under 40 words. Also, how can I be more productive in the morning?",
+        "Too long. Keep it under 40 words please. Moving on. What is a good way to remember names?",
+        "Way too long again. Under 40 words, please. How do I take care of a new puppy?",
+        "Way too long again. Under 40 words, please. Okay, next: how do I take care of a new puppy?",
+    ],
+)
+def test_hints_drop_the_next_request(reply):
+    """The teacher is shown the correction, not the next question (it would answer that instead)."""
+    hint = feedback_hint(_inp(reply))
+    assert hint is not None and "40 words" in hint
+    assert "?'" not in hint and "puppy" not in hint and "phone" not in hint and "names" not in hint
+    assert "morning" not in hint
+
+
+def test_hints_keep_corrective_questions():
+    hint = feedback_hint(_inp("No, that's wrong. Can you redo it with tabs instead of spaces?"))
+    assert hint is not None and "tabs instead of spaces" in hint
