@@ -2,8 +2,9 @@
 
 On-policy distillation conditions a teacher on a hint and distils the difference back into the
 policy, so a hint must be actionable and short (1–3 sentences). The LLM voter writes its own; the
-CPU voters quote the user's corrective reply (the user already said what they wanted) or the
-tool's error, with one sentence that tells the model to follow it. A bare "useless" or "👎" says
+CPU voters quote the user's corrective reply (the user already said what they wanted; a
+correction or redo request is quoted as it is) or the tool's error, with one sentence that tells
+the model to follow it. A bare "useless" or "👎" says
 nothing about what to do instead, so it yields no hint.
 """
 
@@ -74,10 +75,13 @@ def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
     if c.words < 3 and not (c.correction or c.redo):
         return None
     said = _quote(corrective_part(text, inp.request))
-    if c.redo:
-        return f"The user asked for a different version: '{said}'. Write the response that way."
-    if c.correction:
-        return f"The user corrected the response: '{said}'. Give the corrected answer."
+    if c.redo or c.correction:
+        # The user's own words, unframed. Measured on the 135M default with the 8 held-out prompts
+        # (greedy): "[User's hint: Too long. Keep it under 40 words please.]" brings answers from
+        # 118 to 72 words; wrapped as "The user asked for a different version: '...'. Write the
+        # response that way." only to 84, and the teacher starts with "Here's a revised version:",
+        # which OPD would then teach the policy to say.
+        return said
     if c.overlap >= 0.5:
         return f"The user had to repeat the request: '{said}'. Answer exactly that, directly."
     return f"The user replied: '{said}'. Follow that."
