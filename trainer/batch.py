@@ -10,7 +10,10 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 
 - ``missing_token_ids``  no prompt/completion ids or log-probs, or their lengths disagree
 - ``empty``              no completion tokens
-- ``truncated``          finish_reason ``length`` (the proxy marks these; checked again here)
+- ``truncated``          finish_reason ``length``, unless the judge scored it -1 and
+                         ``trainer.truncated`` is ``negative`` (the default): a cut-off answer the
+                         user rejected is still a thing not to do; one is never reinforced (+1) or
+                         trained from a 0 (defect 9). Degenerate ones stay out whatever the score.
 - ``degenerate``         the completion ids repeat themselves (``is_degenerate``, checked here
                          on the ids rather than trusting the proxy's text-level verdict)
 - ``too_long``           prompt + completion longer than ``trainer.max_seq_len``
@@ -91,7 +94,7 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
         return "missing_token_ids"
     if len(completion) == 0:
         return "empty"
-    if row.get("finish_reason") == "length":
+    if row.get("finish_reason") == "length" and not (cfg.truncated == "negative" and int(row["score"]) < 0):
         return "truncated"
     if is_degenerate(completion):
         return "degenerate"

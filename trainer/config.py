@@ -42,9 +42,20 @@ class TrainerConfig:
     max_grad_norm: float = _f(1.0, "Gradient norm clip (the pre-clip norm is logged and gated).")
     max_staleness: int = _f(4, "Drop samples generated more than this many weight versions ago.")
     max_seq_len: int = _f(4096, "Drop samples whose prompt + completion is longer than this (reason too_long).")
+    truncated: str = _f(
+        "negative",
+        "Answers cut off at max_tokens: 'negative' trains one only when the judge scored it -1 (a "
+        "rambling answer the user rejected is a thing not to do; it is never reinforced), 'skip' never.",
+    )
     epsilon_low: float = _f(0.2, "PPO clip: the ratio to the behaviour policy is kept above 1 - epsilon_low.")
     epsilon_high: float = _f(0.28, "PPO clip: the ratio is kept below 1 + epsilon_high (DAPO's clip-higher).")
     kl_coef: float = _f(0.0, "Weight of the k3 KL penalty to the base model (0: off, no reference pass).")
+    baseline_window: int = _f(
+        32,
+        "Binary RL baseline: the advantage is score - mean score of the last N samples trained before "
+        "this batch, REINFORCE's running baseline for one-sample-per-prompt data where GRPO's group "
+        "mean is unavailable. Rare successes then weigh more than the failures around them. 0: the raw score.",
+    )
     w_rl: float = _f(1.0, "combined: weight of the judge score in the per-token advantage.")
     w_opd: float = _f(1.0, "combined: weight of (teacher - student) log-prob in the per-token advantage.")
     opd_clip: float = _f(
@@ -84,6 +95,8 @@ class TrainerConfig:
             raise ConfigError("trainer.batch_size must be >= 1.")
         if self.micro_batch_size < 1:
             raise ConfigError("trainer.micro_batch_size must be >= 1.")
+        if self.truncated not in ("negative", "skip"):
+            raise ConfigError(f"trainer.truncated={self.truncated!r}: use 'negative' or 'skip'.")
         if self.teacher not in ("current", "base", "ema"):
             raise ConfigError(f"trainer.teacher={self.teacher!r}: use 'current', 'base' or 'ema'.")
         if self.finetune not in ("full", "lora"):
@@ -102,5 +115,7 @@ class TrainerConfig:
             raise ConfigError("trainer.learning_rate must be > 0.")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("trainer.threads must be >= 1 (or null for torch's default).")
+        if self.baseline_window < 0:
+            raise ConfigError("trainer.baseline_window must be >= 0 (0 turns the baseline off).")
         if self.opd_clip <= 0:
             raise ConfigError("trainer.opd_clip must be > 0.")

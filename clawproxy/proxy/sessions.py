@@ -441,6 +441,10 @@ class SessionTracker:
         values: dict[str, Any] = {"next_state": ns, "next_state_role": role, "next_turn_id": turn_id}
         if p.reason == "pending":
             values.update(trainable=1, reason="ok")
+        elif p.reason == "truncated":
+            # Judged like any answer: the user reacted to what was cut off. The trainer learns
+            # from it only as a thing not to do (a -1), never reinforces it (trainer.truncated).
+            values.update(trainable=1)
         store.update("turns", "id", p.turn_id, values)
 
     def _upsert_session(self, store: Store, sid: str, source: str, ident: Identity, now: float,

@@ -66,6 +66,17 @@ async def test_truncated_and_degenerate_not_trainable(rig):
     a, b = rig.turns()
     assert (a["reason"], a["trainable"]) == ("truncated", 0)
     assert (b["reason"], b["trainable"]) == ("degenerate", 0)
+    # Once the user reacts, a cut-off answer is judged like any other (the trainer decides what to
+    # do with it: only ever a negative); a degenerate one never is.
+    for t, sid in ((a, "t1"), (b, "t2")):
+        follow = _body("too long, keep it short")
+        follow["messages"][1:1] = [{"role": "user", "content": t["request_messages"][1]["content"]},
+                                   {"role": "assistant", "content": t["response_text"]}]
+        await rig.chat(follow, {"x-session-id": sid})
+    await rig.wait_recorded(4)
+    a, b = rig.turns()[:2]
+    assert (a["reason"], a["trainable"], a["next_state_role"]) == ("truncated", 1, "user")
+    assert (b["reason"], b["trainable"]) == ("degenerate", 0) and b["next_state"] is not None
 
 
 async def test_upstream_without_token_fields_still_works(rig):

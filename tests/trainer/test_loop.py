@@ -243,3 +243,22 @@ def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
     assert not torch.equal(one["model.norm.weight"], base["model.norm.weight"])
     store = Store(dirs["two"] / "clawproxy.db")
     assert store.query_one("SELECT COUNT(*) AS n FROM trained_samples")["n"] == 3
+
+
+def test_score_baseline_is_the_running_mean_of_recent_scores(rig, tiny_model_dir):
+    """REINFORCE's running baseline, read from the store: the samples trained before this batch,
+    newest first, score-0 samples left out; no history or window 0 gives 0."""
+    from types import SimpleNamespace
+
+    from trainer.loop import Trainer
+
+    cfg, store = rig(baseline_window=4)
+    me = SimpleNamespace(tcfg=cfg.trainer, store=store)
+    assert Trainer.score_baseline(me) == 0.0
+    old = [insert_turn(store, prompt_ids=[1], completion_ids=[2], score=s) for s in (1, 1, -1, -1, -1, 0)]
+    step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
+    for t in old:
+        store.insert("trained_samples", {"turn_id": t, "step_id": step})
+    assert Trainer.score_baseline(me) == -0.5  # the newest four non-zero: +1, -1, -1, -1
+    me.tcfg = rig(baseline_window=0)[0].trainer
+    assert Trainer.score_baseline(me) == 0.0
