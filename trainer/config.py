@@ -52,9 +52,9 @@ class TrainerConfig:
     kl_coef: float = _f(0.0, "Weight of the k3 KL penalty to the base model (0: off, no reference pass).")
     baseline_window: int = _f(
         32,
-        "Binary RL baseline: the advantage is score - mean score of the last N samples trained before "
-        "this batch, REINFORCE's running baseline for one-sample-per-prompt data where GRPO's group "
-        "mean is unavailable. Rare successes then weigh more than the failures around them. 0: the raw score.",
+        "Binary RL baseline: the advantage is score - the leave-one-out mean (RLOO) of the other non-zero "
+        "scores in the batch and the last N trained before it; the history stands in for GRPO's group, "
+        "since each prompt has one answer. 0: the raw score.",
     )
     w_rl: float = _f(1.0, "combined: weight of the judge score in the per-token advantage.")
     w_opd: float = _f(1.0, "combined: weight of (teacher - student) log-prob in the per-token advantage.")

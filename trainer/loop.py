@@ -186,8 +186,8 @@ class Trainer:
         self._ensure_canary()
 
         t0 = time.perf_counter()
-        baseline = self._main_says(self.score_baseline)
-        m = self.forward_backward(samples, baseline)
+        baselines = self._main_says(lambda: self.score_baselines(samples))
+        m = self.forward_backward(samples, baselines)
         grad_norm = float(acc.clip_grad_norm_(self.params, self.tcfg.max_grad_norm))
         if math.isfinite(m["loss"]) and math.isfinite(grad_norm):
             self.optimizer.step()
@@ -211,25 +211,35 @@ class Trainer:
                 self._no_sync_model(), self.tokenizer, self.tcfg, self.current.version, self.accelerator
             )
 
-    def score_baseline(self) -> float:
-        """Mean judge score (zeros left out) of the last ``baseline_window`` samples trained before
-        this batch; 0 with no history or a window of 0. Independent of the batch it is applied to,
-        so the baseline adds no bias; read from the store, so a restart keeps it."""
+    def score_baselines(self, samples: list[Sample]) -> dict[int, float]:
+        """Each sample's RL baseline, leave-one-out (RLOO): the mean non-zero judge score of the
+        other samples in this batch and the last ``baseline_window`` trained before it. Leaving
+        the sample itself out keeps the estimate unbiased; an all-fail (or all-pass) batch with no
+        history then moves nothing by RL, as a zero-variance group does in GRPO. All 0 with a
+        window of 0. History comes from the store, so a restart keeps it."""
         window = self.tcfg.baseline_window
         if window <= 0:
-            return 0.0
+            return {s.turn_id: 0.0 for s in samples}
         rows = self.store.query(
             "SELECT j.score FROM trained_samples ts JOIN judgments j ON j.turn_id = ts.turn_id "
             "WHERE j.score != 0 ORDER BY ts.step_id DESC, ts.turn_id DESC LIMIT ?",
             (window,),
         )
-        return sum(int(r["score"]) for r in rows) / len(rows) if rows else 0.0
+        pool = [int(r["score"]) for r in rows] + [s.score for s in samples if s.score != 0]
+        total, n = sum(pool), len(pool)
+        out = {}
+        for s in samples:
+            others = n - 1 if s.score != 0 else n
+            rest = total - s.score if s.score != 0 else total
+            out[s.turn_id] = rest / others if others else 0.0
+        return out
 
-    def forward_backward(self, samples: list[Sample], baseline: float = 0.0) -> dict[str, Any]:
+    def forward_backward(self, samples: list[Sample], baselines: dict[int, float] | None = None) -> dict[str, Any]:
         """Accumulate gradients of the clipped surrogate over micro-batches; return step metrics.
 
-        The RL term of a sample is ``score - baseline`` (0 for a score-0 sample, which is here only
-        for its hint)."""
+        The RL term of a sample is ``score - baselines[turn_id]`` (0 for a score-0 sample, which is
+        here only for its hint)."""
+        baselines = baselines or {}
         acc, cfg = self.accelerator, self.tcfg
         world, rank = acc.num_processes, acc.process_index
         mine = samples[rank::world]
@@ -246,8 +256,9 @@ class Trainer:
             batch = make_token_batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], pad_id, acc.device)
             mask = batch.completion_mask.float()
             behaviour = pad_floats([s.behaviour_logps for s in chunk], acc.device)
-            scores = torch.tensor([s.score - baseline if s.score and cfg.method != "opd" else 0.0 for s in chunk],
-                                  device=acc.device)
+            scores = torch.tensor(
+                [s.score - baselines.get(s.turn_id, 0.0) if s.score and cfg.method != "opd" else 0.0 for s in chunk],
+                device=acc.device)
 
             teacher_logps, has_teacher = self._teacher_logps(chunk, batch)
             ref_logps = None
@@ -297,7 +308,7 @@ class Trainer:
             "opd_samples": int(sums["opd_samples"]),
             "opd_gap_mean": sums["opd_gap"] / max(sums["opd_tokens"], 1.0),
             "score_mean": sum(s.score for s in samples) / len(samples),
-            "score_baseline": baseline,
+            "score_baseline": sum(baselines.values()) / len(baselines) if baselines else 0.0,
         }
 
     def _teacher_logps(self, chunk: list[Sample], batch: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,7 +82,9 @@ def test_lora_adapter_publishes_into_running_engine(tmp_path, tiny_model_dir):
     """LoRA: the adapter directory is what the engine loads (merged into its base weights)."""
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
                              "trainer.batch_size": 2, "trainer.learning_rate": 1e-2,
-                             "trainer.finetune": "lora", "trainer.canary_max_tokens": 8})
+                             "trainer.finetune": "lora", "trainer.canary_max_tokens": 8,
+                             # two +1 samples: with the leave-one-out baseline their advantage is 0
+                             "trainer.baseline_window": 0})
     store = Store(cfg.db_path)
     with engine_process(tiny_model_dir, tmp_path / "engine", "--threads", "1") as url:
         for i, q in enumerate(QUESTIONS[:2]):

@@ -245,20 +245,29 @@ def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
     assert store.query_one("SELECT COUNT(*) AS n FROM trained_samples")["n"] == 3
 
 
-def test_score_baseline_is_the_running_mean_of_recent_scores(rig, tiny_model_dir):
-    """REINFORCE's running baseline, read from the store: the samples trained before this batch,
-    newest first, score-0 samples left out; no history or window 0 gives 0."""
+def test_score_baselines_leave_one_out(rig, tiny_model_dir):
+    """RLOO over this batch and the samples trained before it (newest first, score-0 left out);
+    window 0 gives 0."""
     from types import SimpleNamespace
 
+    from trainer.batch import Sample
     from trainer.loop import Trainer
+
+    def sample(turn_id, score):
+        return Sample(turn_id=turn_id, prompt_ids=[1], completion_ids=[2], behaviour_logps=[-1.0], score=score,
+                      hint=None, weight_version=0)
 
     cfg, store = rig(baseline_window=4)
     me = SimpleNamespace(tcfg=cfg.trainer, store=store)
-    assert Trainer.score_baseline(me) == 0.0
+    # no history: each sample against the others in its batch; all-fail batch -> advantage 0
+    assert Trainer.score_baselines(me, [sample(1, -1), sample(2, -1)]) == {1: -1.0, 2: -1.0}
+    assert Trainer.score_baselines(me, [sample(1, 1), sample(2, -1), sample(3, 0)]) == {1: -1.0, 2: 1.0, 3: 0.0}
+    assert Trainer.score_baselines(me, [sample(1, 1)]) == {1: 0.0}
     old = [insert_turn(store, prompt_ids=[1], completion_ids=[2], score=s) for s in (1, 1, -1, -1, -1, 0)]
     step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
     for t in old:
         store.insert("trained_samples", {"turn_id": t, "step_id": step})
-    assert Trainer.score_baseline(me) == -0.5  # the newest four non-zero: +1, -1, -1, -1
+    # history: the newest four non-zero are -1, -1, -1, +1; pool with the batch sums to -2 over 6
+    assert Trainer.score_baselines(me, [sample(7, 1), sample(8, -1)]) == pytest.approx({7: -0.6, 8: -0.2})
     me.tcfg = rig(baseline_window=0)[0].trainer
-    assert Trainer.score_baseline(me) == 0.0
+    assert Trainer.score_baselines(me, [sample(7, 1)]) == {7: 0.0}
