@@ -332,19 +332,45 @@ def openclaw_block(base_url: str, model_id: str, api_key: str, context_window: i
 @click.option("--model-id", default=None, help="Model id OpenClaw sends (default: the served model).")
 @click.option("--api-key", default="sk-clawproxy", show_default=True,
               help="Sent as Authorization and forwarded to the upstream.")
+@click.option("--upstream", default=None,
+              help="The existing server `clawproxy start --upstream` fronts; its model id is read from it.")
 @_options
 def openclaw_config(port: int | None, host: str | None, model_id: str | None, api_key: str,
-                    config_path: str | None, data_dir: str | None) -> None:
+                    upstream: str | None, config_path: str | None, data_dir: str | None) -> None:
     """Print the openclaw.json provider block that points OpenClaw at this proxy."""
-    cfg = _config(config_path, data_dir, **{"proxy.port": port})
+    cfg = _config(config_path, data_dir, **{"proxy.port": port, "proxy.upstream": upstream})
     h = host or cfg.proxy.host
     if h in ("0.0.0.0", "::", ""):
         h = "127.0.0.1"
     if ":" in h and not h.startswith("["):
         h = f"[{h}]"
-    mid = model_id or cfg.engine.served_model_name or cfg.engine.model
+    if model_id:
+        mid = model_id
+    elif cfg.proxy.upstream:  # the proxy forwards the model id as it is: it must be the upstream's
+        mid = upstream_model_id(cfg.proxy.upstream, api_key)
+    else:
+        mid = cfg.engine.served_model_name or cfg.engine.model
     block = openclaw_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key,
                            cfg.engine.max_model_len, cfg.engine.default_max_tokens)
     click.echo("// merge into ~/.openclaw/openclaw.json (JSON5); OpenClaw hot-reloads providers",
                err=True)
     click.echo(json.dumps(block, indent=2))
+
+
+def upstream_model_id(upstream: str, api_key: str, timeout_s: float = 5.0) -> str:
+    """The first model id the upstream lists at ``/v1/models`` (vLLM: the served model)."""
+    import urllib.error
+    import urllib.request
+
+    url = upstream.rstrip("/") + "/v1/models"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the proxy: no $http_proxy
+    try:
+        with opener.open(req, timeout=timeout_s) as resp:
+            cards = json.loads(resp.read()).get("data") or []
+        return str(cards[0]["id"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise click.ClickException(
+            f"could not read the model id from {url} ({e}); start that server first, or pass --model-id "
+            "with the model name it serves."
+        ) from e
