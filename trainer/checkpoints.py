@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,23 @@ def prune(store: Store, keep: int, root: Path) -> list[int]:
     return deleted
 
 
+@contextmanager
+def publish_lock(store: Store) -> Iterator[None]:
+    """Serializes whoever changes the served version (a trainer publishing, `clawproxy rollback`):
+    an exclusive ``flock`` on a file beside the store, held from reading the current version until
+    the engine took the new one and it is recorded. Without it a step trained from v5 could publish
+    over a rollback made while it trained."""
+    import fcntl
+
+    path = store.path.with_name(store.path.name + ".publish.lock")
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def rollback(
     store: Store, engine: Any | None, base_dir: Path, target: int | None = None
 ) -> tuple[int, Version]:
@@ -113,6 +132,11 @@ def rollback(
     ``target`` None means the version before the current one. The engine reloads first; only a
     reload that worked is recorded (a refused one raises EngineError and changes nothing).
     """
+    with publish_lock(store):
+        return _rollback(store, engine, base_dir, target)
+
+
+def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | None) -> tuple[int, Version]:
     current = current_version(store, base_dir)
     if target is None:
         row = store.query_one(

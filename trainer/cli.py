@@ -41,6 +41,7 @@ def _format_step(r: Any) -> str:
         "published": f"v{r.base_version} -> v{r.new_version}",
         "gate_failed": f"v{r.base_version} refused ({', '.join(m['gate']['failed'])})",
         "error": f"v{r.base_version} engine refused",
+        "superseded": f"v{r.base_version} dropped (a rollback was published while it trained)",
     }[r.status]
     return (
         f"step {r.step_id}: {head} | loss {m['loss']:+.4f} adv {m['adv_mean']:+.3f} "

@@ -48,6 +48,7 @@ from trainer.checkpoints import (
     ensure_engine_serves,
     next_version,
     prune,
+    publish_lock,
     write_atomically,
 )
 from trainer.losses import (
@@ -72,7 +73,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class StepResult:
     step_id: int | None
-    status: str  # published | gate_failed | error
+    status: str  # published | gate_failed | error | superseded (a rollback came first)
     base_version: int
     new_version: int | None
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -373,6 +374,8 @@ class Trainer:
         status, version, step_id = self._main_says(
             lambda: self._write_and_reload(samples, m, state_dict, t0, batch_ready)
         )
+        if status == "superseded":  # sync() loads the version now serving before the next step
+            return StepResult(step_id, status, base, None, m)
         if status != "published":
             self._restore(self.current)
             return StepResult(step_id, status, base, None, m)
@@ -387,7 +390,23 @@ class Trainer:
         self, samples: list[Sample], m: dict[str, Any], state_dict: dict[str, Any] | None, t0: float,
         batch_ready: float,
     ) -> tuple[str, int | None, int]:
-        """Main process: checkpoint v<N> -> engine reload -> rows. Returns (status, version, step_id)."""
+        """Main process: checkpoint v<N> -> engine reload -> rows. Returns (status, version, step_id).
+
+        Under the publish lock: a rollback made while this step trained wins ("superseded"; the
+        samples stay untrained and are trained again from the version it put back)."""
+        with publish_lock(self.store):
+            latest = current_version(self.store, self.base_dir).version
+            if latest != self.current.version:
+                log.warning("v%d was published while this step trained from v%d; dropping the step",
+                            latest, self.current.version)
+                step_id = self._record([], m, "superseded", None)
+                return "superseded", None, step_id
+            return self._write_and_reload_locked(samples, m, state_dict, t0, batch_ready)
+
+    def _write_and_reload_locked(
+        self, samples: list[Sample], m: dict[str, Any], state_dict: dict[str, Any] | None, t0: float,
+        batch_ready: float,
+    ) -> tuple[str, int | None, int]:
         version = next_version(self.store)
         out_dir = self.ckpt_root / f"v{version}"
         write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))

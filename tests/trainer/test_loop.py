@@ -205,6 +205,37 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     assert (tiny_model_dir / "model.safetensors").exists()
 
 
+def test_rollback_while_a_step_trains_wins(rig, tiny_model_dir):
+    """A step trained from v2 must not publish over a rollback made while it trained: it is
+    recorded as superseded, its samples stay untrained, and the trainer follows the rollback."""
+    cfg, store = rig()
+    _add(store, tiny_model_dir, 4)
+    tr = _trainer(cfg, store)
+    assert [r.new_version for r in tr.run(steps=1)] == [1]
+    samples = tr.collect()
+    assert len(samples) == 2
+    real_forward = tr.forward_backward
+
+    def forward_then_rollback(*a, **kw):
+        out = real_forward(*a, **kw)
+        rollback(store, None, tiny_model_dir, 0)  # `clawproxy rollback 0` from another shell
+        return out
+
+    tr.forward_backward = forward_then_rollback
+    result = tr.step(samples)
+    assert result.status == "superseded" and result.new_version is None
+    assert current_version(store, tiny_model_dir).version == 2  # the rollback's version, not a v3
+    assert not (cfg.data_path / "checkpoints" / "v3").exists()
+    trained = {r["turn_id"] for r in store.query("SELECT turn_id FROM trained_samples")}
+    assert not trained & {s.turn_id for s in samples}
+    tr.forward_backward = real_forward
+    tr.sync()
+    assert tr.current.version == 2
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    torch.testing.assert_close(tr.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
+    assert [r.new_version for r in tr.run(steps=1)] == [3]  # the samples train again, from v2
+
+
 def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
     """accelerate data parallel (2 CPU processes, gloo, launched by torchrun): the batch is broadcast,
     split unevenly (3 samples), gradients averaged; the published weights equal one process's."""
