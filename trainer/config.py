@@ -50,6 +50,11 @@ class TrainerConfig:
     epsilon_low: float = _f(0.2, "PPO clip: the ratio to the behaviour policy is kept above 1 - epsilon_low.")
     epsilon_high: float = _f(0.28, "PPO clip: the ratio is kept below 1 + epsilon_high (DAPO's clip-higher).")
     kl_coef: float = _f(0.0, "Weight of the k3 KL penalty to the base model (0: off, no reference pass).")
+    loss_norm: str = _f(
+        "token",
+        "'token': the loss is a mean over every completion token of the step (DAPO/bnpo), 'sequence': "
+        "a mean over samples of each one's token mean (GRPO's original), so long answers do not dominate.",
+    )
     baseline_window: int = _f(
         32,
         "Binary RL baseline: the advantage is score - the leave-one-out mean (RLOO) of the other non-zero "
@@ -115,6 +120,8 @@ class TrainerConfig:
             raise ConfigError("trainer.learning_rate must be > 0.")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("trainer.threads must be >= 1 (or null for torch's default).")
+        if self.loss_norm not in ("token", "sequence"):
+            raise ConfigError(f"trainer.loss_norm={self.loss_norm!r}: use 'token' or 'sequence'.")
         if self.baseline_window < 0:
             raise ConfigError("trainer.baseline_window must be >= 0 (0 turns the baseline off).")
         if self.opd_clip <= 0:
