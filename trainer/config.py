@@ -16,6 +16,10 @@ DEFAULT_CANARIES = [
     "What is the capital of France?",
     "Write one sentence about the sea.",
     "List three colors.",
+    # open-ended: where a small model pushed too far starts looping ("You can practice with a
+    # guitar. You can also practice with a guitar. ..."), which short answers never show
+    "How do I plan a weekend trip?",
+    "What are good habits for studying?",
 ]
 
 
@@ -82,7 +86,9 @@ class TrainerConfig:
     keep_checkpoints: int = _f(5, "Published checkpoints kept on disk (K); older dirs are deleted.")
     poll_interval_s: float = _f(5.0, "Seconds between store polls while waiting for a batch.")
     canary_prompts: list[str] = _f(DEFAULT_CANARIES, "Prompts the publish gate generates from.")
-    canary_max_tokens: int = _f(24, "Greedy tokens generated per canary prompt by the gate.")
+    canary_max_tokens: int = _f(
+        96, "Greedy tokens generated per canary prompt by the gate (loops show after a few sentences)."
+    )
     gate_max_kl: float = _f(
         0.5, "Gate: largest mean per-token KL(previous || new) on the canary continuations."
     )

@@ -4,7 +4,8 @@ Checks, each reported by name in the gate report (stored with the step and shown
 
 - ``loss_finite`` / ``grad_finite``: the step's loss and pre-clip gradient norm are finite.
 - ``weights_finite``: no NaN/inf in any trainable tensor after the optimizer step.
-- ``canaries``: greedy answers to ``trainer.canary_prompts`` are not degenerate (empty or looping).
+- ``canaries``: greedy answers to ``trainer.canary_prompts`` are not degenerate (empty, looping on
+  token ids, or a sentence looped with small variations, judged on the text as the proxy does).
   Judged relative to the previous version: a prompt the old weights already answered badly does not
   block (a random-init test model loops everywhere); a prompt that *became* degenerate does.
 - ``divergence``: mean per-token KL(previous || new) over the previous version's canary
@@ -55,13 +56,21 @@ def canary_prompt_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     return out
 
 
-def _degenerate_output(ids: list[int], eos_ids: set[int]) -> bool:
+def _degenerate_output(ids: list[int], eos_ids: set[int], tokenizer: Any = None) -> bool:
     text_ids = [t for t in ids if t not in eos_ids]
     if not text_ids:
         return True  # answered nothing
     if len(text_ids) >= 12 and len(set(text_ids)) <= max(2, len(text_ids) // 6):
         return True  # a handful of tokens over and over
-    return is_degenerate(text_ids, min_len=12)
+    if is_degenerate(text_ids, min_len=12):
+        return True
+    if tokenizer is None:
+        return False
+    from clawproxy.proxy.sessions import is_degenerate as text_loops
+
+    # a sentence looped with small variations, which exact-id repeats miss: the proxy's own
+    # definition of a degenerate turn (too few distinct word 3-grams)
+    return text_loops(tokenizer.decode(text_ids, skip_special_tokens=True))
 
 
 @torch.no_grad()
@@ -105,7 +114,7 @@ def canary_reference(
                     break
             outputs.append(gen_ids)
             logprobs.append(_continuation_logprobs(model, prompt, gen_ids, device))
-            degenerate.append(_degenerate_output(gen_ids, eos))
+            degenerate.append(_degenerate_output(gen_ids, eos, tokenizer))
     finally:
         model.train(was_training)
     return CanaryReference(version, prompts, outputs, logprobs, degenerate)

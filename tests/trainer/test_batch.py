@@ -203,3 +203,21 @@ def test_teacher_prompt_differs_from_the_engine_prompt_by_the_hint_alone(default
     assert inserted > 0 and teacher[a + inserted :] == prompt[a:]  # recorded prompt + hint tokens
     assert "[User's hint: Answer in one sentence.]" in tok.decode(teacher[a : a + inserted])
     assert "<tools>" in tok.decode(teacher[:a])
+
+
+def test_gate_sees_a_sentence_looped_with_variations(default_model_dir):
+    """The gate's canary check catches a sentence looped with small changes (the text-level check
+    is the proxy's definition of a degenerate turn), and passes ordinary prose."""
+    from transformers import AutoTokenizer
+
+    from trainer.gate import _degenerate_output
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    loop = "To play the guitar, you need to practice regularly. " + " ".join(
+        f"You can {'also ' if i % 3 == 0 else ''}practice with a guitar." for i in range(14))
+    prose = ("To plan a weekend trip, pick a destination within a few hours of home, check the weather, "
+             "book a place to stay early, and list two or three things you want to see. Pack light, "
+             "leave room for rest, and keep a small budget for meals and surprises along the way.")
+    ids = tok(loop, add_special_tokens=False)["input_ids"]
+    assert _degenerate_output(ids, set(), tok)
+    assert not _degenerate_output(tok(prose, add_special_tokens=False)["input_ids"], set(), tok)
