@@ -19,9 +19,11 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
               help="Measure held-out adoption every K interactions.")
 @click.option("--turns", "turns_per_conversation", type=int, default=3, show_default=True,
               help="Questions per conversation (each re-sends the whole history).")
-@click.option("--max-tokens", type=int, default=160, show_default=True, help="max_completion_tokens per turn.")
+@click.option("--max-tokens", type=int, default=512, show_default=True,
+              help="max_completion_tokens per turn (as bench/personalize.py; OpenClaw sends its model's maxTokens).")
 @click.option("--eval-max-tokens", type=int, default=160, show_default=True, help="Tokens per held-out answer.")
-@click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature of the conversation turns.")
+@click.option("--temperature", type=float, default=0.7, show_default=True,
+              help="Sampling temperature of the conversation turns (at 1.0 the default model rambles past any cap).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--proxy-url", default=None,
               help="A running `clawproxy start` (e.g. http://127.0.0.1:8080). Without it, a fresh system is started.")

@@ -48,9 +48,9 @@ class SimSettings:
     interactions: int = 36
     eval_every: int = 12
     turns_per_conversation: int = 3
-    max_tokens: int = 160
+    max_tokens: int = 512  # as bench/personalize.py measured it
     eval_max_tokens: int = 160
-    temperature: float = 1.0
+    temperature: float = 0.7
     seed: int = 0
     model: str = "default"
     oracle: bool = False
