@@ -145,7 +145,8 @@ def plot_png(path: str | os.PathLike, curves: Sequence[Curve], title: str | None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    many = len(curves) > 3  # the legend goes beside the axes instead of over the lines
+    fig, ax = plt.subplots(figsize=(11 if many else 7, 4.2), dpi=110)
     for i, c in enumerate(curves):
         color = f"C{i}"
         xs = [p.interactions for p in c.points]
@@ -157,7 +158,10 @@ def plot_png(path: str | os.PathLike, curves: Sequence[Curve], title: str | None
     ax.set_ylabel("held-out share")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if many:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=7, loc="best")
     ax.set_title(title or "Held-out preference adoption", fontsize=10)
     fig.tight_layout()
     p = Path(path)
