@@ -39,17 +39,18 @@ def _quote(text: str) -> str:
 def corrective_part(text: str, request: str = "") -> str:
     """The reply up to where it moves on to a new request.
 
-    From the second sentence on, the reply is cut at the first sentence that opens with a
-    transition ("Next question:", "Also, ...", "Moving on.") or is a question on another subject
-    (no corrective cue, little overlap with the request). The first sentence always stays.
+    From the second sentence on, the reply is cut at the first sentence without a corrective cue
+    that opens with a transition ("Next question:", "Also, ...", "Moving on.") or is a question on
+    another subject (little overlap with the request). The first sentence always stays.
     """
     sentences = [x for x in _SENTENCE.split(" ".join(text.split())) if x]
     kept = sentences[:1]
     for sent in sentences[1:]:
-        if _NEXT_REQUEST.match(sent):
-            break
         c = cues(sent, request)
-        if sent.endswith("?") and not c.negative and overlap(sent, request) < 0.5:
+        if c.negative:  # "Now it's too long.", "Also, make it shorter?": still correcting
+            kept.append(sent)
+            continue
+        if _NEXT_REQUEST.match(sent) or (sent.endswith("?") and overlap(sent, request) < 0.5):
             break
         kept.append(sent)
     return " ".join(kept)

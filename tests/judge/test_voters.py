@@ -122,3 +122,5 @@ def test_hints_drop_the_next_request(reply):
 def test_hints_keep_corrective_questions():
     hint = feedback_hint(_inp("No, that's wrong. Can you redo it with tabs instead of spaces?"))
     assert hint is not None and "tabs instead of spaces" in hint
+    hint = feedback_hint(_inp("That's wrong, it fails to compile. Now it's even worse than before. Next: add a README."))
+    assert hint is not None and "even worse" in hint and "README" not in hint
