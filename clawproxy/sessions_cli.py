@@ -358,19 +358,14 @@ def openclaw_config(port: int | None, host: str | None, model_id: str | None, ap
 
 
 def upstream_model_id(upstream: str, api_key: str, timeout_s: float = 5.0) -> str:
-    """The first model id the upstream lists at ``/v1/models`` (vLLM: the served model)."""
-    import urllib.error
-    import urllib.request
+    """The model id the upstream serves, read from its ``/v1/models``."""
+    from clawproxy.engine.client import EngineClient
+    from clawproxy.errors import EngineError
 
-    url = upstream.rstrip("/") + "/v1/models"
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the proxy: no $http_proxy
     try:
-        with opener.open(req, timeout=timeout_s) as resp:
-            cards = json.loads(resp.read()).get("data") or []
-        return str(cards[0]["id"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        return EngineClient(upstream, kind="vllm", token=api_key, timeout=timeout_s).served_model()
+    except EngineError as e:
         raise click.ClickException(
-            f"could not read the model id from {url} ({e}); start that server first, or pass --model-id "
-            "with the model name it serves."
+            f"could not read the model id from {upstream.rstrip('/')}/v1/models ({e.message}); start that "
+            "server first, or pass --model-id with the model name it serves."
         ) from e

@@ -132,6 +132,14 @@ class EngineClient:
 
     # -- verbs ------------------------------------------------------------------------------
 
+    def served_model(self) -> str:
+        """The first model id ``GET /v1/models`` lists (vLLM: the served model)."""
+        cards = self._request("GET", "/v1/models")
+        try:
+            return str(cards["data"][0]["id"])
+        except (TypeError, KeyError, IndexError) as err:
+            raise EngineError(f"GET /v1/models at {self.base_url}: no model listed ({err!r})", status=502) from None
+
     def health(self) -> bool:
         """True when the engine answers ``GET /health`` with 200 (never raises)."""
         try:
