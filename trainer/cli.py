@@ -45,7 +45,7 @@ def _format_step(r: Any) -> str:
     }[r.status]
     return (
         f"step {r.step_id}: {head} | loss {m['loss']:+.4f} adv {m['adv_mean']:+.3f} "
-        f"clip {m['clip_frac']:.3f} kl {m['kl']:.4f} |g| {m['grad_norm']:.3f} "
+        f"clip {m['clip_frac']:.3f} kl {m['kl']:.4f} |g| {m['grad_norm']:.3f} lr {m.get('lr', 0.0):.1e} "
         f"{m['tokens_per_s']:.0f} tok/s | {m['samples']} samples (score {m['score_mean']:+.2f}, "
         f"{m['opd_samples']} hinted) | skipped: {skipped}"
     )

@@ -42,6 +42,13 @@ class TrainerConfig:
         "AdamW learning rate. 3e-5 for full fine-tuning of the 135M default (1e-5 did not move it in "
         "36 simulated interactions, 5e-5 collapsed into loops); LoRA usually wants ~1e-4.",
     )
+    refusal_backoff: float = _f(
+        0.5,
+        "After the publish gate refuses a step, the next step from the same version trains at "
+        "learning_rate x this, per refusal in a row (at least 1/8 of the rate); a published step "
+        "restores the full rate. A refused step restores the weights and Adam's moments, so each retry "
+        "is a first Adam step, which moves every weight by ~lr whatever the gradient. 1: off.",
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float = _f(1.0, "Gradient norm clip (the pre-clip norm is logged and gated).")
     max_staleness: int = _f(4, "Drop samples generated more than this many weight versions ago.")
@@ -106,6 +113,8 @@ class TrainerConfig:
             raise ConfigError("trainer.batch_size must be >= 1.")
         if self.micro_batch_size < 1:
             raise ConfigError("trainer.micro_batch_size must be >= 1.")
+        if not 0 < self.refusal_backoff <= 1:
+            raise ConfigError(f"trainer.refusal_backoff={self.refusal_backoff}: use a factor in (0, 1] (1: off).")
         if self.truncated not in ("negative", "skip"):
             raise ConfigError(f"trainer.truncated={self.truncated!r}: use 'negative' or 'skip'.")
         if self.teacher not in ("current", "base", "ema"):

@@ -69,6 +69,7 @@ from trainer.policy import (
 )
 
 log = logging.getLogger(__name__)
+MIN_LR_SCALE = 1 / 8  # refusal_backoff never takes the learning rate below this share of it
 
 
 @dataclass
@@ -189,13 +190,16 @@ class Trainer:
 
         t0 = time.perf_counter()
         baselines = self._main_says(lambda: self.score_baselines(samples))
+        lr = self._main_says(self.step_learning_rate)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         m = self.forward_backward(samples, baselines)
         grad_norm = float(acc.clip_grad_norm_(self.params, self.tcfg.max_grad_norm))
         if math.isfinite(m["loss"]) and math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         train_s = time.perf_counter() - t0
-        m.update(grad_norm=grad_norm, train_s=train_s, tokens_per_s=m["tokens"] / max(train_s, 1e-9),
+        m.update(lr=lr, grad_norm=grad_norm, train_s=train_s, tokens_per_s=m["tokens"] / max(train_s, 1e-9),
                  skipped=dict(self.skipped_since_last_step), samples=len(samples))
 
         report, new_ref = gate.check(
@@ -212,6 +216,20 @@ class Trainer:
             self.canary = gate.canary_reference(
                 self._no_sync_model(), self.tokenizer, self.tcfg, self.current.version, self.accelerator
             )
+
+    def step_learning_rate(self) -> float:
+        """``learning_rate``, backed off by ``refusal_backoff`` per gate refusal in a row from the
+        serving version (read from the store, so a restart keeps it), never below 1/8 of it."""
+        lr, factor = self.tcfg.learning_rate, self.tcfg.refusal_backoff
+        if factor >= 1:
+            return lr
+        rows = self.store.query("SELECT status, base_version FROM train_steps ORDER BY id DESC LIMIT 16")
+        refused = 0
+        for r in rows:
+            if r["status"] != "gate_failed" or r["base_version"] != self.current.version:
+                break
+            refused += 1
+        return lr * max(factor**refused, MIN_LR_SCALE)
 
     def score_baselines(self, samples: list[Sample]) -> dict[int, float]:
         """Each sample's RL baseline, leave-one-out (RLOO): the mean non-zero judge score of the

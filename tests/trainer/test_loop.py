@@ -122,11 +122,26 @@ def test_poisoned_step_is_refused_and_nothing_published(rig, tiny_model_dir):
     assert len(ev) == 1 and "weights_finite" in ev[0]["data"]["failed"]
     # back on the last published (base) weights, finite, and the next batch publishes
     assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    assert result.metrics["lr"] == pytest.approx(1e-3)
     _add(store, tiny_model_dir, 2, seed=5)
     (ok,) = tr.run(steps=1)
     assert ok.status == "published" and ok.new_version == 1
+    assert ok.metrics["lr"] == pytest.approx(5e-4)  # backed off after the refusal ...
+    _add(store, tiny_model_dir, 2, seed=6, version=1)
+    (again,) = tr.run(steps=1)
+    assert again.metrics["lr"] == pytest.approx(1e-3)  # ... and back to full once one published
     s = collect_stats(store)
     assert s["gate_failures"][0]["failed"] and s["versions"][0]["steps_gate_failed"] == 1
+
+
+def test_refusals_in_a_row_back_off_the_learning_rate_down_to_an_eighth(rig, tiny_model_dir):
+    cfg, store = rig(learning_rate=1.0, gate_max_kl=0.0)  # every step diverges
+    _add(store, tiny_model_dir, 10)
+    tr = _trainer(cfg, store)
+    results = tr.run(steps=5)
+    assert [r.status for r in results] == ["gate_failed"] * 5
+    assert [r.metrics["lr"] for r in results] == [1.0, 0.5, 0.25, 0.125, 0.125]
+    assert _trainer(cfg, store).step_learning_rate() == 0.125  # a restart keeps the backoff
 
 
 def test_divergence_gate_refuses_a_huge_step(rig, tiny_model_dir):
