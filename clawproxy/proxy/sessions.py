@@ -302,8 +302,10 @@ class _SessionState:
 class SessionTracker:
     """Turns parsed records into rows: session upsert, turn insert, next-state link of the previous.
 
-    State kept in memory is a cache of what the store holds (rebuilt lazily per session), except
-    the prefix index used for chaining requests that carry no identity, which covers this run only.
+    State kept in memory is a cache of what the store holds: per-session state is rebuilt lazily,
+    and the prefix index (chaining requests that carry no identity) and the retry memory are
+    seeded from the store on the first record, so a restarted proxy still links the next request
+    of an open conversation to its last answer and still knows a retry sent across the restart.
     """
 
     def __init__(self, retry_window_s: float, idle_timeout_s: float, index_size: int = 5000):
@@ -313,11 +315,41 @@ class SessionTracker:
         self._prefix_index: OrderedDict[bytes, str] = OrderedDict()
         self._recent: OrderedDict[str, tuple[int, float, str, str | None]] = OrderedDict()
         self._index_size = index_size
+        self._warm = False
+
+    def warm(self, store: Store, now: float | None = None) -> None:
+        """Seed the prefix index with the last answered prompt of every open session and the retry
+        memory with the bodies recorded within the retry window (what a restart forgot)."""
+        self._warm = True
+        now = now if now is not None else time.time()
+        rows = store.query(
+            "SELECT t.session_id, t.request_messages FROM turns t JOIN sessions s ON s.id = t.session_id "
+            "WHERE s.finalized_at IS NULL AND s.last_seen >= ? AND t.kind='main' AND t.status='ok' "
+            "AND t.id = (SELECT MAX(id) FROM turns WHERE session_id = t.session_id AND kind='main' "
+            "AND status='ok') ORDER BY s.last_seen DESC LIMIT ?",
+            (now - self.idle_timeout_s, self._index_size),
+        )
+        for r in reversed(rows):
+            prompt = strip_ctx(r["request_messages"] or [])
+            if prompt:
+                self._remember(self._prefix_index, prefix_hashes(prompt)[-1], r["session_id"])
+        recent = store.query(
+            "SELECT id, created_at, status, session_id, body_hash FROM turns WHERE body_hash IS NOT NULL "
+            "AND created_at >= ? AND kind != 'retry' ORDER BY id DESC LIMIT ?",
+            (now - self.retry_window_s, self._index_size),
+        )
+        for r in reversed(recent):
+            self._remember(self._recent, r["body_hash"], (r["id"], r["created_at"], r["status"], r["session_id"]))
+        if rows or recent:
+            log.info("session index seeded from the store: %d open session(s), %d recent body(ies)",
+                     len(rows), len(recent))
 
     def forget(self) -> None:
-        """Drop cached state (after a store failure the cache may be ahead of the store)."""
+        """Drop cached state (after a store failure the cache may be ahead of the store); the retry
+        memory is seeded again from the store on the next record."""
         self._sessions.clear()
         self._recent.clear()
+        self._warm = False
 
     def _state(self, store: Store, sid: str) -> _SessionState:
         st = self._sessions.get(sid)
@@ -361,6 +393,8 @@ class SessionTracker:
             return self._ingest(store, rec)
 
     def _ingest(self, store: Store, rec: dict[str, Any]) -> int:
+        if not self._warm:
+            self.warm(store, rec["created_at"])
         body = rec.get("request_body") or {}
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         now = rec["created_at"]
@@ -381,7 +415,7 @@ class SessionTracker:
                         break
 
         # Retries: an identical body within the window keeps only one trainable copy. Known
-        # bodies live in memory (bounded): a retry that straddles a restart counts as a new turn.
+        # bodies live in memory (bounded), seeded from the store after a restart.
         bh = rec.get("body_hash")
         retry_of = None
         prev = self._recent.get(bh) if bh and messages else None

@@ -204,6 +204,31 @@ async def test_prefix_chaining_without_identity(rig):
     assert a["next_state"] == [{"role": "user", "content": "no, wrong"}] and a["trainable"] == 1
 
 
+async def test_restart_keeps_chaining_and_retry_memory(make_rig):
+    """A restarted proxy links the next request of an open anonymous conversation to its last
+    answer, and a retry sent across the restart is still one turn."""
+    rig = await make_rig()
+    m1 = [{"role": "system", "content": "s"}, {"role": "user", "content": "first"}, CTX_MSG]
+    await rig.chat({"model": "m", "stream": True, "messages": m1})
+    other = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "[Sun 2026-11-29 23:01 UTC] q"}]}
+    await rig.chat(other, {"x-session-id": "r2"})
+    await rig.wait_recorded(2)
+    await rig.app.shutdown()
+    await rig.app.cleanup()
+
+    rig2 = await make_rig()  # same data dir, fresh memory
+    m2 = [*m1[:2], {"role": "assistant", "content": "pong: first part1"},
+          {"role": "user", "content": "no, wrong"}, CTX_MSG]
+    await rig2.chat({"model": "m", "stream": True, "messages": m2})
+    retry = {**other, "messages": [{"role": "user", "content": "[Sun 2026-11-29 23:02 UTC] q"}]}
+    await rig2.chat(retry, {"x-session-id": "r2"})
+    await rig2.wait_recorded(2)
+    a, first_q, b, dup = rig2.turns()
+    assert a["session_id"].startswith("anon-") and b["session_id"] == a["session_id"]
+    assert a["next_state"] == [{"role": "user", "content": "no, wrong"}] and a["trainable"] == 1
+    assert (first_q["kind"], dup["kind"], dup["reason"]) == ("main", "retry", "retry")
+
+
 async def test_retry_keeps_one(rig):
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "[Sun 2026-11-29 23:01 UTC] q"}]}
     await rig.chat(body, {"x-session-id": "r1", "x-fake-status": "500"})
