@@ -202,7 +202,9 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def run(cfg: Config) -> None:
-    asyncio.run(_main(cfg))
+    from clawproxy import aio
+
+    aio.run(_main(cfg))
 
 
 async def _main(cfg: Config) -> None:

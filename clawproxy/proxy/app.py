@@ -99,14 +99,17 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
 
 def run_proxy(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> None:
     """Serve the proxy on cfg.proxy.host:port until interrupted."""
+    from clawproxy import aio
+
     web.run_app(
         create_app(cfg, upstream_ready=upstream_ready),
+        loop=aio.new_event_loop(),
         host=cfg.proxy.host,
         port=cfg.proxy.port,
         handler_cancellation=True,
         access_log=None,
-        print=lambda *_: log.info("proxy on http://%s:%d/v1 -> %s", cfg.proxy.host,
-                                  cfg.proxy.port, cfg.proxy.upstream),
+        print=lambda *_: log.info("proxy on http://%s:%d/v1 -> %s (%s)", cfg.proxy.host,
+                                  cfg.proxy.port, cfg.proxy.upstream, aio.loop_name()),
     )
 
 
