@@ -168,6 +168,19 @@ COMPLAINT = _rx(
     r"\bseriously\b",
     r"\bgarbage\b",
     r"\bnonsense\b",
+    r"\bgibberish\b",
+    # a broken answer: cut off, or looping (people say so without "no" or "wrong")
+    r"\b(?:got|was|is|gets) cut (?:off|short)\b",
+    r"\bcut (?:off|short) (?:mid|half|before|again)",
+    r"\bmid-?sentence\b",
+    r"\b(?:stopped|stops|ended|ends) (?:halfway|abruptly|in the middle)\b",
+    r"\b(?:unfinished|incomplete) (?:answer|sentence|reply|response)\b",
+    r"\brepeating (?:yourself|itself|the same)\b",
+    r"\brepeats (?:itself|the same)\b",
+    r"\b(?:goes|going|went|runs|running) in circles\b",
+    r"\b(?:it's|its|it is|you're|you are|keeps?) looping\b",
+    r"\bmakes no sense\b",
+    r"\bdoesn't make (?:any )?sense\b",
     r"\bstupid\b",
     r"\bridiculous\b",
     r"\bworse\b",
@@ -315,7 +328,8 @@ CUE_NAMES = [
 
 
 def cues(next_text: str, request: str = "") -> Cues:
-    text = next_text.strip()
+    # phones type curly apostrophes ("that’s not"); the cue lists are written with straight ones
+    text = next_text.strip().replace("\u2019", "'").replace("\u2018", "'")
     return Cues(
         praise=len(PRAISE.findall(text)),
         positive=len(POSITIVE.findall(text)),

@@ -63,6 +63,7 @@ class Interaction:
     finish_reason: str | None
     weight_version: int | None
     elapsed_s: float
+    problem: str | None = None  # the persona complained the answer was 'cut_off' or 'degenerate'
 
 
 @dataclass
@@ -180,9 +181,10 @@ class Driver:
         for k, q in enumerate(questions):
             comp = await self.call(sid, messages, self.s.max_tokens)
             nxt = questions[k + 1] if k + 1 < len(questions) else None
-            reaction = persona.react(q, comp.text, nxt)
+            reaction = persona.react(q, comp.text, nxt, comp.finish_reason)
             out.append(Interaction(sid, k, q, comp.text, reaction.met, reaction.feedback,
-                                   comp.finish_reason, comp.weight_version, round(comp.elapsed_s, 2)))
+                                   comp.finish_reason, comp.weight_version, round(comp.elapsed_s, 2),
+                                   reaction.problem))
             messages.append({"role": "assistant", "content": comp.text})
             messages.append({"role": "user", "content": reaction.message})
         # Closing call: delivers the last reaction (the next state of the last answer).

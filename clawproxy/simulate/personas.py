@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawproxy.simulate.quality import words
+from clawproxy.simulate.quality import degeneracy, words
 
 # Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
 FILLER_PATTERNS: tuple[str, ...] = (
@@ -175,6 +175,37 @@ PREFERENCES: dict[str, Preference] = {
     ),
 }
 
+# What anyone says about a broken answer, whatever their preference: one cut off mid-sentence (the
+# request's max_tokens ran out) or one that loops. A person does not praise the style of half an
+# answer or of a loop, and before these existed the no_filler persona praised 15 of 36 answers in
+# one run that were cut off, most of them looping ("Good, straight to the point").
+BROKEN_COMPLAINTS: dict[str, tuple[str, ...]] = {
+    "cut_off": (
+        "Your answer was cut off before the end. Give me something short enough to finish.",
+        "That stopped in the middle of a sentence, so it's no use to me. Shorter and complete, please.",
+        "The reply ends abruptly. Please give complete answers.",
+        "It got cut short again. I need the whole answer, keep it tighter.",
+    ),
+    "degenerate": (
+        "You're repeating yourself, that's not helpful. Just answer the question.",
+        "That doesn't make sense, it runs in circles. Give me a real answer.",
+        "It keeps looping on the same words. Say it once, clearly.",
+        "That's gibberish. Please give me a proper answer.",
+    ),
+}
+# degeneracy() reasons that read as broken to a person; a very short answer may be a fine answer.
+_BROKEN = {"empty", "symbols", "repeated_word", "looping", "low_vocabulary"}
+
+
+def answer_problem(answer: str, finish_reason: str | None = None) -> str | None:
+    """'degenerate' for a looping or empty answer, 'cut_off' for one the token limit cut off, else None."""
+    if degeneracy(answer) in _BROKEN:
+        return "degenerate"
+    if finish_reason == "length":
+        return "cut_off"
+    return None
+
+
 # How the persona moves on after reacting. {q} is the next question.
 TRANSITIONS: tuple[str, ...] = (
     "Next question: {q}",
@@ -196,9 +227,10 @@ def _lower_first(q: str) -> str:
 class Reaction:
     """The persona's reply to one answer."""
 
-    met: bool
+    met: bool  # the preference check (the oracle's reward)
     feedback: str  # the reaction alone
     message: str  # what is sent: the reaction, plus the next question if the conversation goes on
+    problem: str | None = None  # 'cut_off' | 'degenerate': complained about even when met
 
 
 @dataclass
@@ -228,20 +260,26 @@ class ScriptedPersona:
         self._last[key] = idx
         return options[idx]
 
-    def feedback(self, question: str, answer: str, met: bool) -> str:
+    def feedback(self, question: str, answer: str, met: bool, problem: str | None = None) -> str:
+        """Praise when the preference is met and the answer is whole; the preference's complaint
+        when it is not met; a complaint about the broken answer when it is met but cut off or looping."""
         pref = self.preference
+        if met and problem:
+            return self._pick(BROKEN_COMPLAINTS[problem], False)
         if met:
             return self._pick(pref.praise, True)
         return self._pick(pref.complaints, False).format(**pref.complaint_fields(answer))
 
-    def react(self, question: str, answer: str, next_question: str | None) -> Reaction:
+    def react(self, question: str, answer: str, next_question: str | None,
+              finish_reason: str | None = None) -> Reaction:
         met = self.check(answer)
-        fb = self.feedback(question, answer, met)
+        problem = answer_problem(answer, finish_reason)
+        fb = self.feedback(question, answer, met, problem)
         if next_question is None:
-            return Reaction(met, fb, fb)
+            return Reaction(met, fb, fb, problem)
         t = self.rng.choice(TRANSITIONS)
         q = next_question if t.startswith("{q}") or ":" in t or "." in t.split("{q}")[0] else _lower_first(next_question)
-        return Reaction(met, fb, fb + "\n\n" + t.format(q=q))
+        return Reaction(met, fb, fb + "\n\n" + t.format(q=q), problem)
 
 
 @dataclass
@@ -259,17 +297,19 @@ class LLMPersona(ScriptedPersona):
     temperature: float = 0.9
     failures: int = 0
 
-    def feedback(self, question: str, answer: str, met: bool) -> str:
+    def feedback(self, question: str, answer: str, met: bool, problem: str | None = None) -> str:
         import json
         import urllib.request
 
         verdict = "does" if met else "does NOT"
+        broken = {"cut_off": " It was cut off before the end.",
+                  "degenerate": " It repeats itself or makes no sense."}.get(problem or "", "")
         prompt = (
             f"You are a busy person chatting with an AI assistant. You want {self.preference.description}. "
             f"You asked: {question!r}. The assistant answered:\n---\n{answer}\n---\n"
-            f"The answer {verdict} meet your preference. Reply to the assistant in one or two short "
+            f"The answer {verdict} meet your preference.{broken} Reply to the assistant in one or two short "
             f"sentences, in your own words: "
-            + ("praise it briefly." if met else "complain and say exactly what you want instead.")
+            + ("praise it briefly." if met and not broken else "complain and say exactly what you want instead.")
             + " Do not ask a new question. Reply with the message only."
         )
         body: dict[str, Any] = {
@@ -290,7 +330,7 @@ class LLMPersona(ScriptedPersona):
             text = ""
         if not text:
             self.failures += 1
-            return super().feedback(question, answer, met)
+            return super().feedback(question, answer, met, problem)
         return text
 
 

@@ -15,6 +15,7 @@ from clawproxy.simulate.measure import (
     write_json,
 )
 from clawproxy.simulate.personas import (
+    BROKEN_COMPLAINTS,
     PREFERENCES,
     SIGN_OFF,
     ScriptedPersona,
@@ -104,6 +105,27 @@ def test_no_filler_complaint_quotes_the_phrase():
     p = make_persona("no_filler", seed=0)
     texts = [p.react("q", "Certainly! Boil the egg.", None).feedback for _ in range(12)]
     assert any('"Certainly"' in t for t in texts)
+
+
+def test_a_cut_off_or_looping_answer_is_complained_about_even_when_the_preference_is_met():
+    """A person does not praise the style of half an answer or of a loop; the judge reads the
+    complaint as one (-1), and the hint says what to do."""
+    from judge.lexical import cues, lexical_score
+
+    p = make_persona("no_filler", seed=2)
+    half = "Boil water, then add the pasta and stir it so it does not stick. After ten minutes, drain the"
+    loop = "Boil the pasta. " + "and the water and the pasta " * 8
+    for answer, finish, problem in ((half, "length", "cut_off"), (loop, "stop", "degenerate")):
+        reactions = [p.react("How do I cook pasta?", answer, "How do I make tea?", finish) for _ in range(12)]
+        assert all(r.met and r.problem == problem for r in reactions)  # the preference itself is met
+        assert {r.feedback for r in reactions} <= set(BROKEN_COMPLAINTS[problem])
+        assert len({r.feedback for r in reactions}) >= 3
+        for fb in BROKEN_COMPLAINTS[problem]:
+            assert lexical_score(cues(fb)) == -1, fb
+    # whole answers: praise as before; a missed preference: the preference's own complaint wins
+    assert p.react("q", "Boil the egg for nine minutes.", None, "stop").problem is None
+    r = p.react("q", "Certainly! " + half, None, "length")
+    assert not r.met and r.problem == "cut_off" and r.feedback not in BROKEN_COMPLAINTS["cut_off"]
 
 
 def test_unknown_persona_is_a_clear_error():
