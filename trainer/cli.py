@@ -40,7 +40,8 @@ def _format_step(r: Any) -> str:
     head = {
         "published": f"v{r.base_version} -> v{r.new_version}",
         "gate_failed": f"v{r.base_version} refused ({', '.join(m['gate']['failed'])})",
-        "error": f"v{r.base_version} engine refused",
+        "error": (f"v{r.base_version} checkpoint not written ({m['save_error']})" if "save_error" in m
+                  else f"v{r.base_version} engine refused"),
         "superseded": f"v{r.base_version} dropped (a rollback was published while it trained)",
     }[r.status]
     return (

@@ -143,6 +143,8 @@ class Trainer:
             results.append(result)
             if on_step:
                 on_step(result)
+            if follow and result.status == "error":  # the same samples wait for the disk or the engine
+                time.sleep(self.tcfg.poll_interval_s)
         return results
 
     def sync(self) -> None:
@@ -429,7 +431,17 @@ class Trainer:
     ) -> tuple[str, int | None, int]:
         version = next_version(self.store)
         out_dir = self.ckpt_root / f"v{version}"
-        write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))
+        try:
+            write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))
+        except OSError as e:  # disk full, read-only, permissions: the samples are not the problem
+            why = e.strerror or str(e)
+            log.error("could not write checkpoint v%d in %s (%s); keeping v%d. Free disk space there "
+                      "(trainer.keep_checkpoints keeps fewer); the samples stay untrained and are "
+                      "trained again.", version, self.ckpt_root, why, self.current.version)
+            m["save_error"] = why
+            step_id = self._record([], m, "error", None)
+            self.store.log_event("checkpoint_write_failed", {"version": version, "error": why, "step_id": step_id})
+            return "error", None, step_id
         m["save_s"] = time.perf_counter() - t0
         if self.engine is not None:
             try:

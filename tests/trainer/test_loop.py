@@ -151,6 +151,35 @@ def test_divergence_gate_refuses_a_huge_step(rig, tiny_model_dir):
     assert result.status == "gate_failed" and "divergence" in result.metrics["gate"]["failed"]
 
 
+def test_a_full_disk_keeps_the_samples_and_the_served_weights(rig, tiny_model_dir, monkeypatch):
+    import errno
+
+    from trainer.loop import Trainer
+
+    cfg, store = rig()
+    turns = _add(store, tiny_model_dir, 2)
+    tr = _trainer(cfg, store)
+    before = tr.model.state_dict()["model.embed_tokens.weight"].clone()
+    real_save = Trainer._save
+
+    def full_disk(self, tmp, state_dict):
+        (tmp / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "_save", full_disk)
+    (result,) = tr.run(steps=1)
+    assert result.status == "error" and result.metrics["save_error"] == "No space left on device"
+    assert not (cfg.data_path / "checkpoints").exists() or not list((cfg.data_path / "checkpoints").iterdir())
+    assert store.query("SELECT * FROM trained_samples") == [] and store.query("SELECT * FROM checkpoints") == []
+    assert store.query_one("SELECT kind FROM events WHERE kind='checkpoint_write_failed'")
+    torch.testing.assert_close(tr.model.state_dict()["model.embed_tokens.weight"], before)  # restored
+
+    monkeypatch.setattr(Trainer, "_save", real_save)  # space freed: the same samples train
+    (ok,) = tr.run(steps=1)
+    assert ok.status == "published" and ok.new_version == 1
+    assert sorted(r["turn_id"] for r in store.query("SELECT turn_id FROM trained_samples")) == turns
+
+
 def test_lora_trains_only_the_adapter_and_publishes_it(rig, tiny_model_dir):
     cfg, store = rig(finetune="lora", teacher="ema", learning_rate=1e-2)
     _add(store, tiny_model_dir, 4)
