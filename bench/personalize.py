@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--oracle-json", default=None, help="Reuse oracle curves from an earlier results file.")
     p.add_argument("--config", default=None, help="Base config for the system (default configs/default.yaml).")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="Output directory.")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="Keep each run's checkpoints/ and models/ (deleted after the run by default; "
+                        "the store, logs and curves are always kept).")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the oracle (default: torch's).")
     return p.parse_args(argv)
 
@@ -188,6 +192,9 @@ def run_system(persona: str, method: str | None, args: argparse.Namespace, resul
         curve.settings = done.settings
     finally:
         system.stop()
+        if not args.keep_checkpoints:  # ~0.5 GB a checkpoint: a few runs would fill a laptop's disk
+            for sub in ("checkpoints", "models"):
+                shutil.rmtree(data_dir / sub, ignore_errors=True)
     curve.wall_s = round(time.monotonic() - t0, 1)
     results.save()
 
