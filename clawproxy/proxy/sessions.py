@@ -322,21 +322,23 @@ class SessionTracker:
         memory with the bodies recorded within the retry window (what a restart forgot)."""
         self._warm = True
         now = now if now is not None else time.time()
+        # Indexed lookups only: a store of months of traffic must not be scanned at startup.
         rows = store.query(
-            "SELECT t.session_id, t.request_messages FROM turns t JOIN sessions s ON s.id = t.session_id "
-            "WHERE s.finalized_at IS NULL AND s.last_seen >= ? AND t.kind='main' AND t.status='ok' "
-            "AND t.id = (SELECT MAX(id) FROM turns WHERE session_id = t.session_id AND kind='main' "
-            "AND status='ok') ORDER BY s.last_seen DESC LIMIT ?",
+            "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
             (now - self.idle_timeout_s, self._index_size),
         )
         for r in reversed(rows):
-            prompt = strip_ctx(r["request_messages"] or [])
+            last = store.query_one(
+                "SELECT request_messages FROM turns WHERE session_id=? AND kind='main' AND status='ok' "
+                "ORDER BY turn_index DESC, id DESC LIMIT 1", (r["id"],))
+            prompt = strip_ctx((last["request_messages"] if last else None) or [])
             if prompt:
-                self._remember(self._prefix_index, prefix_hashes(prompt)[-1], r["session_id"])
+                self._remember(self._prefix_index, prefix_hashes(prompt)[-1], r["id"])
         recent = store.query(
-            "SELECT id, created_at, status, session_id, body_hash FROM turns WHERE body_hash IS NOT NULL "
-            "AND created_at >= ? AND kind != 'retry' ORDER BY id DESC LIMIT ?",
-            (now - self.retry_window_s, self._index_size),
+            "SELECT id, created_at, status, session_id, body_hash FROM turns "
+            "WHERE id > (SELECT COALESCE(MAX(id), 0) FROM turns) - ? AND body_hash IS NOT NULL "
+            "AND created_at >= ? AND kind != 'retry' ORDER BY id DESC",
+            (self._index_size, now - self.retry_window_s),
         )
         for r in reversed(recent):
             self._remember(self._recent, r["body_hash"], (r["id"], r["created_at"], r["status"], r["session_id"]))
