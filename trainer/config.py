@@ -13,9 +13,17 @@ from dataclasses import dataclass, field
 from clawproxy.errors import ConfigError
 
 DEFAULT_CANARIES = [
-    "What is the capital of France?",
+    # A canary needs a stable greedy answer, or any step flips it. "What is the capital of France?"
+    # had none: the default model's first token is "The" at p=0.152 against "L" at 0.140, and a
+    # step of any size tipped it into a looping French answer ("L'Étoile, la femme, la femme, ..."),
+    # 9 of the 12 refusals in seven personalization runs, up to 4 in a row from one version.
+    # Japan's first-token margin is 0.67 ("The capital of Japan is Tokyo."). "List three colors."
+    # caused the other 3: its base answer already repeats itself ("1. Red: The most popular color
+    # among the 11 colors of the rainbow. 2. Blue: The most popular color among ..."), so any step
+    # could make it "newly" degenerate; the list canary is now one the base answers cleanly.
+    "What is the capital of Japan?",
     "Write one sentence about the sea.",
-    "List three colors.",
+    "Give me three tips for drinking more water.",
     # open-ended: where a small model pushed too far starts looping ("You can practice with a
     # guitar. You can also practice with a guitar. ..."), which short answers never show
     "How do I plan a weekend trip?",
