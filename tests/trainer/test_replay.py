@@ -1,0 +1,48 @@
+"""bench/replay.py: a recorded run's samples replayed through the trainer from the base model on a
+scratch copy of its store, the recorded store left untouched."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import yaml
+
+from clawproxy.store import Store
+from tests.trainer.test_loop import _add
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _replay_module():
+    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "bench" / "replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "concise-default-120000"
+    run_dir.mkdir()
+    (run_dir / "run-config.yaml").write_text(yaml.safe_dump({
+        "data_dir": str(run_dir),
+        "engine": {"model": str(tiny_model_dir)},
+        "trainer": {"batch_size": 2, "learning_rate": 1e-3, "canary_prompts": ["List three colors."],
+                    "canary_max_tokens": 8, "threads": 1},
+    }))
+    store = Store(run_dir / "clawproxy.db")
+    _add(store, tiny_model_dir, 4)
+    out = tmp_path / "replay.jsonl"
+
+    result = _replay_module().main([str(run_dir), "--steps", "2", "--extra", "1", "--max-tokens", "4",
+                                    "--set", "trainer.learning_rate=1e-4", "--label", "t", "--out", str(out)])
+
+    assert result["persona"] == "concise" and result["overrides"] == {"trainer.learning_rate": 1e-4}
+    assert len(result["step_status"]) == 2 and set(result["step_status"]) <= {"published", "gate_failed"}
+    assert len(result["answers"]) == 9 and 0.0 <= result["degenerate_share_all"] <= 1.0
+    assert json.loads(out.read_text().splitlines()[0])["label"] == "t"
+    # the recorded run is not touched: nothing trained, no checkpoint written there
+    assert store.query("SELECT COUNT(*) AS n FROM trained_samples")[0]["n"] == 0
+    assert store.query("SELECT COUNT(*) AS n FROM train_steps")[0]["n"] == 0
+    assert not (run_dir / "checkpoints").exists()
