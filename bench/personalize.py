@@ -50,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=2, help="Questions per conversation.")
     p.add_argument("--max-tokens", type=int, default=512,
                    help="max_completion_tokens of conversation turns (OpenClaw sends its model's maxTokens). "
-                        "Answers cut at the cap are 'truncated': trained only as negatives, so it should be "
-                        "well above the base model's answer length.")
+                        "Answers cut at the cap are 'truncated': never trained by default (trainer.truncated), "
+                        "so it should be well above the base model's answer length.")
     p.add_argument("--sample-tokens", type=int, default=160, help="Oracle: sampled answer cap.")
     p.add_argument("--eval-max-tokens", type=int, default=160, help="Tokens per held-out answer.")
     p.add_argument("--temperature", type=float, default=0.7,

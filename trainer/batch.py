@@ -10,10 +10,10 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 
 - ``missing_token_ids``  no prompt/completion ids or log-probs, or their lengths disagree
 - ``empty``              no completion tokens
-- ``truncated``          finish_reason ``length``, unless the judge scored it -1 and
-                         ``trainer.truncated`` is ``negative`` (the default): a cut-off answer the
-                         user rejected is still a thing not to do; one is never reinforced (+1) or
-                         trained from a 0 (defect 9). Degenerate ones stay out whatever the score.
+- ``truncated``          finish_reason ``length`` (``trainer.truncated: skip``, the default), or
+                         with ``negative`` unless the judge scored it -1: a cut-off answer is never
+                         reinforced (+1) or trained from a 0 (defect 9). Degenerate ones stay out
+                         whatever the score.
 - ``degenerate``         the completion ids repeat themselves (``is_degenerate``, checked here
                          on the ids rather than trusting the proxy's text-level verdict)
 - ``too_long``           prompt + completion longer than ``trainer.max_seq_len``

@@ -478,8 +478,9 @@ class SessionTracker:
         if p.reason == "pending":
             values.update(trainable=1, reason="ok")
         elif p.reason == "truncated":
-            # Judged like any answer: the user reacted to what was cut off. The trainer learns
-            # from it only as a thing not to do (a -1), never reinforces it (trainer.truncated).
+            # Judged like any answer: the user reacted to what was cut off (the judge scores and
+            # `sessions` shows it). The trainer never reinforces one; whether it learns from a -1
+            # is trainer.truncated (default: it does not).
             values.update(trainable=1)
         store.update("turns", "id", p.turn_id, values)
 

@@ -96,11 +96,11 @@ def test_truncated_answers_are_only_ever_negatives(store):
     neutral = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length", score=0,
                           hint="Too long.")
     looping = insert_turn(store, prompt_ids=_ids(5), completion_ids=[42, 43] * 20, finish_reason="length", score=-1)
-    sel = select_samples(store, TrainerConfig(), 0)
+    sel = select_samples(store, TrainerConfig(truncated="negative"), 0)
     assert [s.turn_id for s in sel.samples] == [rejected] and sel.samples[0].score == -1
     assert sel.skipped == {praised: "truncated", neutral: "truncated", looping: "degenerate"}
-    strict = select_samples(store, TrainerConfig(truncated="skip"), 0)
-    assert rejected in strict.skipped and strict.skipped[rejected] == "truncated"
+    default = select_samples(store, TrainerConfig(), 0)  # skip: none of them trains
+    assert default.samples == [] and default.skipped[rejected] == "truncated"
 
 
 def test_trained_samples_are_not_selected_again(store):
