@@ -76,23 +76,12 @@ def scratch_store(run_dir: Path, into: Path) -> Path:
 
 
 def greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int) -> list[str]:
-    import torch
-
-    from clawproxy.simulate.prompts import SYSTEM_PROMPT
+    """The oracle baseline's generation (same chat template and system prompt as the benchmark),
+    one prompt at a time so no answer depends on another's padding."""
+    from clawproxy.simulate.oracle import generate
 
     model.eval()
-    out = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}],
-                add_generation_prompt=True, return_tensors="pt")
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                 do_sample=False, pad_token_id=tokenizer.pad_token_id)
-            out.append(tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True))
-    return out
+    return [generate(model, tokenizer, [p], max_tokens, sample=False)[0][2] for p in prompts]
 
 
 def main(argv: list[str] | None = None) -> dict:
