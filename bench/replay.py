@@ -14,6 +14,12 @@ few steps, and confirm a winner with ``bench/personalize.py``.
 
     .venv/bin/python bench/replay.py /tmp/pz/runs/no_filler-default-081606 --steps 3 \\
         --label lr1e-5 --set trainer.learning_rate=1e-5
+
+Greedy 160-token answers do not show what the online run will see next: sampled (temperature 0.7),
+multi-turn, up to 512 tokens. ``--sampled N`` also samples answers to the run's first N recorded
+conversation prompts and reports how many are cut off or loop (a run whose answers drift longer
+trains on fewer turns, as truncated ones are skipped). 12 answers move it by 0.08 each: a coarse
+check, for drift that doubles the share, not for fine comparisons.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Config override (YAML value).")
     p.add_argument("--extra", type=int, default=16, help="Train prompts answered beside the held-out ones.")
     p.add_argument("--max-tokens", type=int, default=160, help="Greedy tokens per answer (the benchmark's).")
+    p.add_argument("--sampled", type=int, default=0, metavar="N",
+                   help="Also sample answers (at --temperature, up to --sampled-tokens) to the first N "
+                        "conversation prompts the run recorded, and report how many end, loop or are cut "
+                        "off: whether the trained weights would keep giving the online run trainable turns.")
+    p.add_argument("--sampled-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature for --sampled.")
     p.add_argument("--label", default=None)
     p.add_argument("--out", default=None, help="Append the result as a JSON line here.")
     return p.parse_args(argv)
@@ -75,6 +87,10 @@ def scratch_store(run_dir: Path, into: Path) -> Path:
     return db
 
 
+def tokenizer_decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int) -> list[str]:
     """The oracle baseline's generation (same chat template and system prompt as the benchmark),
     one prompt at a time so no answer depends on another's padding."""
@@ -82,6 +98,43 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int) -> lis
 
     model.eval()
     return [generate(model, tokenizer, [p], max_tokens, sample=False)[0][2] for p in prompts]
+
+
+def recorded_prompts(db: Path, n: int) -> list[list[int]]:
+    """Prompt ids of the first ``n`` conversation turns the run recorded (closing turns excluded:
+    they ask for a few tokens only). The first ones: their history holds the base model's answers,
+    not whatever loops a later version of the recorded run wrote."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = conn.execute(
+        "SELECT prompt_token_ids FROM turns WHERE kind = 'main' AND prompt_token_ids IS NOT NULL "
+        "AND coalesce(json_extract(request_params, '$.max_completion_tokens'), "
+        "json_extract(request_params, '$.max_tokens'), 1000) > 64 ORDER BY id LIMIT ?", (n,)
+    ).fetchall()
+    conn.close()
+    return [json.loads(r[0]) for r in rows]
+
+
+def sampled_answers(model, tokenizer, prompts: list[list[int]], max_tokens: int, temperature: float,
+                    batch: int = 6) -> list[tuple[list[int], bool]]:
+    """(completion ids, ended with EOS) per prompt, sampled with a fixed seed, a few at a time."""
+    import torch
+
+    torch.manual_seed(1234)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    out: list[tuple[list[int], bool]] = []
+    model.eval()
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        width = max(len(x) for x in chunk)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in chunk])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk])
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                                 top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad)
+        for row in gen[:, width:].tolist():
+            comp = row[: row.index(eos)] if eos in row else row
+            out.append((comp, eos in row))
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -114,6 +167,11 @@ def main(argv: list[str] | None = None) -> dict:
         held = list(HELDOUT_PROMPTS)
         extra = list(TRAIN_PROMPTS[: args.extra])
         answers = greedy_answers(trainer.model, trainer.tokenizer, held + extra, args.max_tokens)
+        sampled = []
+        if args.sampled:
+            prompts = recorded_prompts(run_dir / "clawproxy.db", args.sampled)
+            sampled = sampled_answers(trainer.model, trainer.tokenizer, prompts, args.sampled_tokens,
+                                      args.temperature)
     graded = score_answers(held, answers[: len(held)], check)
     n = len(held)
     result = {
@@ -130,10 +188,27 @@ def main(argv: list[str] | None = None) -> dict:
         "train_s": round(train_s, 1),
         "answers": dict(zip(held + extra, answers, strict=True)),
     }
+    if sampled:
+        from trainer.batch import is_degenerate
+
+        texts = [tokenizer_decode(trainer.tokenizer, c) for c, _ in sampled]
+        result["sampled"] = {
+            "n": len(sampled), "max_tokens": args.sampled_tokens, "temperature": args.temperature,
+            "cut_off_share": sum(not ended for _, ended in sampled) / len(sampled),
+            "degenerate_share": sum(is_degenerate(c) for c, _ in sampled) / len(sampled),
+            "preference_rate": sum(bool(check(t)) for t in texts) / len(sampled),
+            "mean_tokens": sum(len(c) for c, _ in sampled) / len(sampled),
+            "answers": texts,
+        }
     print(f"{result['label']:<40} steps {args.steps}  adoption {result['adoption']:.2f}  "
           f"pref {result['preference_rate']:.2f} ({result['preference_rate_all']:.2f} of {len(answers)})  "
           f"degenerate {result['degenerate_share']:.2f} ({result['degenerate_share_all']:.2f} of {len(answers)})  "
           f"words {result['mean_words']:.0f}  [{', '.join(result['step_status'])}]")
+    if sampled:
+        sm = result["sampled"]
+        print(f"{'':<40} sampled {sm['n']} at T={sm['temperature']}: cut off {sm['cut_off_share']:.2f}  "
+              f"degenerate {sm['degenerate_share']:.2f}  pref {sm['preference_rate']:.2f}  "
+              f"tokens {sm['mean_tokens']:.0f}")
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(result) + "\n")

@@ -83,6 +83,11 @@ class TrainerConfig:
         "since each prompt has one answer. 0: the raw score.",
     )
     w_rl: float = _f(1.0, "combined: weight of the judge score in the per-token advantage.")
+    quote_outside_weight: float = _f(
+        1.0,
+        "When the user's reply to a rejected answer quotes part of it ('No \"Remember,\" please'), "
+        "the -1 lands on the quoted tokens, and the rest of the answer gets this share of it. 1: off.",
+    )
     w_opd: float = _f(1.0, "combined: weight of (teacher - student) log-prob in the per-token advantage.")
     opd_clip: float = _f(
         1.0, "Clip of the per-token teacher - student log-prob gap, so OPD and RL terms share a scale."
@@ -149,5 +154,7 @@ class TrainerConfig:
             raise ConfigError(f"trainer.loss_norm={self.loss_norm!r}: use 'token' or 'sequence'.")
         if self.baseline_window < 0:
             raise ConfigError("trainer.baseline_window must be >= 0 (0 turns the baseline off).")
+        if not 0 <= self.quote_outside_weight <= 1:
+            raise ConfigError("trainer.quote_outside_weight must be in [0, 1] (1: off).")
         if self.opd_clip <= 0:
             raise ConfigError("trainer.opd_clip must be > 0.")

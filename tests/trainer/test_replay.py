@@ -36,11 +36,15 @@ def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir
     out = tmp_path / "replay.jsonl"
 
     result = _replay_module().main([str(run_dir), "--steps", "2", "--extra", "1", "--max-tokens", "4",
-                                    "--set", "trainer.learning_rate=1e-4", "--label", "t", "--out", str(out)])
+                                    "--set", "trainer.learning_rate=1e-4", "--label", "t", "--out", str(out),
+                                    "--sampled", "3", "--sampled-tokens", "4"])
 
     assert result["persona"] == "concise" and result["overrides"] == {"trainer.learning_rate": 1e-4}
     assert len(result["step_status"]) == 2 and set(result["step_status"]) <= {"published", "gate_failed"}
     assert len(result["answers"]) == 9 and 0.0 <= result["degenerate_share_all"] <= 1.0
+    sampled = result["sampled"]  # the first 3 recorded prompts, sampled again from the trained weights
+    assert sampled["n"] == 3 and len(sampled["answers"]) == 3 and sampled["max_tokens"] == 4
+    assert 0.0 <= sampled["cut_off_share"] <= 1.0 and sampled["mean_tokens"] <= 4
     assert json.loads(out.read_text().splitlines()[0])["label"] == "t"
     # the recorded run is not touched: nothing trained, no checkpoint written there
     assert store.query("SELECT COUNT(*) AS n FROM trained_samples")[0]["n"] == 0
