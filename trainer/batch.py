@@ -11,7 +11,8 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 - ``missing_token_ids``  no prompt/completion ids or log-probs, or their lengths disagree
 - ``empty``              no completion tokens
 - ``truncated``          finish_reason ``length`` (``trainer.truncated: skip``, the default), or
-                         with ``negative`` unless the judge scored it -1: a cut-off answer is never
+                         with ``negative`` unless the judge scored it -1, with ``quoted`` unless it
+                         is a -1 whose reply quotes part of it: a cut-off answer is never
                          reinforced (+1) or trained from a 0 (defect 9). Degenerate ones stay out
                          whatever the score.
 - ``degenerate``         the completion ids repeat themselves (``is_degenerate``, checked here
@@ -140,13 +141,23 @@ def _user_reply(next_state: Any) -> str:
         p.get("text", "") for p in t if isinstance(p, dict)) if isinstance(t, list) else "" for t in texts)
 
 
-def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int) -> str | None:
+def _train_truncated(row: dict[str, Any], cfg: TrainerConfig, quoted: list[str]) -> bool:
+    """A cut-off answer is trained only as a -1: any with ``negative``, one whose reply quotes it
+    with ``quoted`` (its -1 then sits on the quote, see ``quote_outside_weight``), none with ``skip``."""
+    if int(row["score"]) >= 0:
+        return False
+    return cfg.truncated == "negative" or (cfg.truncated == "quoted" and bool(quoted))
+
+
+def _reject_reason(
+    row: dict[str, Any], cfg: TrainerConfig, current_version: int, quoted: list[str] | None = None
+) -> str | None:
     prompt, completion, logps = row["prompt_token_ids"], row["completion_token_ids"], row["completion_logprobs"]
     if not prompt or completion is None or logps is None or len(logps) != len(completion):
         return "missing_token_ids"
     if len(completion) == 0:
         return "empty"
-    if row.get("finish_reason") == "length" and not (cfg.truncated == "negative" and int(row["score"]) < 0):
+    if row.get("finish_reason") == "length" and not _train_truncated(row, cfg, quoted):
         return "truncated"
     if is_degenerate(completion):
         return "degenerate"
@@ -183,7 +194,8 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:
-        reason = _reject_reason(row, cfg, current_version)
+        quoted = quoted_in_answer(_user_reply(row["next_state"]), row["response_text"] or "") if int(row["score"]) < 0 else []
+        reason = _reject_reason(row, cfg, current_version, quoted or [])
         if reason:
             skipped[row["id"]] = reason
             continue
@@ -199,8 +211,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 messages=row["request_messages"],
                 tools=row["request_tools"],
                 params=row["request_params"] if isinstance(row["request_params"], dict) else None,
-                quoted=quoted_in_answer(_user_reply(row["next_state"]), row["response_text"] or "")
-                if int(row["score"]) < 0 else [],
+                quoted=quoted,
             )
         )
     return Selection(samples=samples, skipped=skipped)

@@ -66,7 +66,8 @@ class TrainerConfig:
         "Answers cut off at max_tokens: 'skip' never trains one; 'negative' trains one only when the "
         "judge scored it -1 (never reinforced). 'negative' spreads a -1 over hundreds of fluent tokens, "
         "which on the 135M default made greedy answers loop (38% of held-out answers after 3 steps, "
-        "0% with 'skip', same recorded samples: bench/replay.py).",
+        "0% with 'skip', same recorded samples: bench/replay.py). 'quoted' trains a rejected one only "
+        "when the user's reply quotes part of it, with the -1 on the quote (quote_outside_weight).",
     )
     epsilon_low: float = _f(0.2, "PPO clip: the ratio to the behaviour policy is kept above 1 - epsilon_low.")
     epsilon_high: float = _f(0.28, "PPO clip: the ratio is kept below 1 + epsilon_high (DAPO's clip-higher).")
@@ -130,8 +131,8 @@ class TrainerConfig:
             raise ConfigError("trainer.micro_batch_size must be >= 1.")
         if not 0 < self.refusal_backoff <= 1:
             raise ConfigError(f"trainer.refusal_backoff={self.refusal_backoff}: use a factor in (0, 1] (1: off).")
-        if self.truncated not in ("negative", "skip"):
-            raise ConfigError(f"trainer.truncated={self.truncated!r}: use 'negative' or 'skip'.")
+        if self.truncated not in ("negative", "quoted", "skip"):
+            raise ConfigError(f"trainer.truncated={self.truncated!r}: use 'skip', 'quoted' or 'negative'.")
         if self.teacher not in ("current", "base", "ema"):
             raise ConfigError(f"trainer.teacher={self.teacher!r}: use 'current', 'base' or 'ema'.")
         if self.finetune not in ("full", "lora"):

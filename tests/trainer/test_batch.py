@@ -103,6 +103,11 @@ def test_truncated_answers_are_only_ever_negatives(store):
     assert sel.skipped == {praised: "truncated", neutral: "truncated", looping: "degenerate"}
     default = select_samples(store, TrainerConfig(), 0)  # skip: none of them trains
     assert default.samples == [] and default.skipped[rejected] == "truncated"
+    quoted = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 3), finish_reason="length", score=-1,
+                         response_text="Certainly! The first step is", reply='No "Certainly!" please.')
+    sel = select_samples(store, TrainerConfig(truncated="quoted"), 0)  # a rejected one the reply quotes
+    assert [s.turn_id for s in sel.samples] == [quoted] and sel.samples[0].quoted == ["Certainly!"]
+    assert sel.skipped[rejected] == "truncated" and sel.skipped[praised] == "truncated"
 
 
 def test_trained_samples_are_not_selected_again(store):
