@@ -154,6 +154,14 @@ REDO = _rx(
     r"\bunder \d+ words\b",
     r"\bmake it\b",
 )
+# Style words that are a redo request in "keep it brief" or "just the answer please", and a
+# description of what the user liked in "Nice and brief, thank you." or "Great, just the facts.":
+# inside a sentence that praises, with no contrast, no other negative cue and no request, they are
+# the latter. Without this, the CPU judge scored 0 on a third of the praise a concise persona gave.
+STYLE_DESCRIPTOR = _rx(r"\bbrief(?:ly)?\b", r"\bconcise\b", r"\bjust the\b", r"\bonly the\b", r"\bprofessional\b")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+# ... unless the sentence also asks for something ("great, now just the names", "brief please")
+_REQUEST_MARK = _rx(r"\bnow\b", r"\bplease\b", r"\bpl[sz]\b", r"\bnext time\b", r"\bfrom now on\b", r"\bno\b", r"\?")
 COMPLAINT = _rx(
     r"\buseless\b",
     r"\bterrible\b",
@@ -327,6 +335,20 @@ CUE_NAMES = [
 ]
 
 
+def _redo_count(text: str) -> int:
+    """REDO matches, less the style words that describe the answer inside a praising sentence."""
+    n = 0
+    for sent in _SENTENCE_END.split(text):
+        redo = len(REDO.findall(sent))
+        described = len(STYLE_DESCRIPTOR.findall(sent))
+        praising = PRAISE.search(sent) or POSITIVE.search(sent)
+        if (described and praising and redo == described and not CONTRAST.search(sent)
+                and not CORRECTION.search(sent) and not COMPLAINT.search(sent) and not _REQUEST_MARK.search(sent)):
+            redo = 0
+        n += redo
+    return n
+
+
 def cues(next_text: str, request: str = "") -> Cues:
     # phones type curly apostrophes ("that’s not"); the cue lists are written with straight ones
     text = next_text.strip().replace("\u2019", "'").replace("\u2018", "'")
@@ -334,7 +356,7 @@ def cues(next_text: str, request: str = "") -> Cues:
         praise=len(PRAISE.findall(text)),
         positive=len(POSITIVE.findall(text)),
         correction=len(CORRECTION.findall(text)),
-        redo=len(REDO.findall(text)),
+        redo=_redo_count(text),
         complaint=len(COMPLAINT.findall(text)),
         contrast=len(CONTRAST.findall(text)),
         move_on=len(MOVE_ON.findall(text)),

@@ -1,0 +1,30 @@
+"""The lexical cues: a style word is a redo request, or the thing the user praised."""
+
+from __future__ import annotations
+
+import pytest
+
+from judge.lexical import cues, lexical_score
+
+
+@pytest.mark.parametrize("reply", [
+    "Nice and brief, thank you.",
+    "Great, just the facts. Thanks.\n\nNext question: How do I plan a weekend trip?",
+    "Good, concise answer. Thanks!",
+    "perfect, just the number, cheers",
+])
+def test_praise_that_names_the_style_is_praise(reply):
+    assert lexical_score(cues(reply)) == 1
+
+
+@pytest.mark.parametrize("reply", [
+    "Keep it brief.",
+    "Just the answer please.",
+    "Thanks, but be more concise.",
+    "thanks but brief please",
+    "great, now just the names, no intro",
+    "Thanks. Keep it brief next time.",
+    "Nice. Could you be more concise?",
+])
+def test_a_style_word_that_asks_for_something_is_a_redo(reply):
+    assert lexical_score(cues(reply)) == -1
