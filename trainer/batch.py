@@ -11,8 +11,7 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 - ``missing_token_ids``  no prompt/completion ids or log-probs, or their lengths disagree
 - ``empty``              no completion tokens
 - ``truncated``          finish_reason ``length`` (``trainer.truncated: skip``, the default), or
-                         with ``negative`` unless the judge scored it -1, with ``quoted`` unless it
-                         is a -1 whose reply quotes part of it: a cut-off answer is never
+                         with ``negative`` unless the judge scored it -1: a cut-off answer is never
                          reinforced (+1) or trained from a 0 (defect 9). Degenerate ones stay out
                          whatever the score.
 - ``degenerate``         the completion ids repeat themselves (``is_degenerate``, checked here
@@ -26,9 +25,8 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from clawproxy.openclaw import is_ctx
@@ -52,8 +50,6 @@ class Sample:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
-    quoted: list[str] = field(default_factory=list)  # text of the answer the user's reply quoted
-
 
     @property
     def num_tokens(self) -> int:
@@ -92,72 +88,13 @@ def is_degenerate(ids: list[int], min_len: int = 16) -> bool:
     return False
 
 
-# "...", “...”, ‘...’, and '...' not inside a word (so "don't" and "it's" open nothing).
-_QUOTES = re.compile(r'"([^"\n]{2,120})"|“([^”\n]{2,120})”|‘([^’\n]{2,120})’|(?<![A-Za-z])\'([^\'\n]{2,120})\'(?![A-Za-z])')
-
-
-def quoted_in_answer(reply: str, answer: str) -> list[str]:
-    """Stretches of ``answer`` that the user's ``reply`` quotes ("drop the 'Certainly!'", 'No
-    "Remember,"'), as they appear in the answer; a quote not found verbatim (case-insensitive,
-    surrounding punctuation trimmed) is not a reference to the answer and is left out."""
-    found: list[str] = []
-    low = answer.lower()
-    for m in _QUOTES.finditer(reply):
-        q = next(g for g in m.groups() if g is not None)
-        for cand in (q, q.strip(" .,!?;:")):
-            i = low.find(cand.lower()) if len(cand.strip()) >= 2 else -1
-            if i >= 0:
-                found.append(answer[i : i + len(cand)])
-                break
-    return found
-
-
-def quote_token_mask(tokenizer: Any, completion_ids: list[int], quoted: list[str]) -> list[float] | None:
-    """1.0 on the completion tokens that spell a quoted stretch (every occurrence), 0.0 elsewhere;
-    None when no quote maps onto the decoded completion."""
-    if not quoted:
-        return None
-    ends, prev = [], 0
-    for i in range(len(completion_ids)):  # character end of each token in the decoded text
-        prev = max(prev, len(tokenizer.decode(completion_ids[: i + 1], skip_special_tokens=True)))
-        ends.append(prev)
-    text = tokenizer.decode(completion_ids, skip_special_tokens=True).lower()
-    out = [0.0] * len(completion_ids)
-    for q in quoted:
-        for m in re.finditer(re.escape(q.lower()), text):
-            start = 0
-            for i, end in enumerate(ends):
-                if end > m.start() and start < m.end():
-                    out[i] = 1.0
-                start = end
-    return out if any(out) else None
-
-
-def _user_reply(next_state: Any) -> str:
-    if not isinstance(next_state, list):
-        return ""
-    texts = [m.get("content") for m in next_state if isinstance(m, dict) and m.get("role") == "user" and not is_ctx(m)]
-    return "\n".join(t if isinstance(t, str) else " ".join(
-        p.get("text", "") for p in t if isinstance(p, dict)) if isinstance(t, list) else "" for t in texts)
-
-
-def _train_truncated(row: dict[str, Any], cfg: TrainerConfig, quoted: list[str]) -> bool:
-    """A cut-off answer is trained only as a -1: any with ``negative``, one whose reply quotes it
-    with ``quoted`` (its -1 then sits on the quote, see ``quote_outside_weight``), none with ``skip``."""
-    if int(row["score"]) >= 0:
-        return False
-    return cfg.truncated == "negative" or (cfg.truncated == "quoted" and bool(quoted))
-
-
-def _reject_reason(
-    row: dict[str, Any], cfg: TrainerConfig, current_version: int, quoted: list[str] | None = None
-) -> str | None:
+def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int) -> str | None:
     prompt, completion, logps = row["prompt_token_ids"], row["completion_token_ids"], row["completion_logprobs"]
     if not prompt or completion is None or logps is None or len(logps) != len(completion):
         return "missing_token_ids"
     if len(completion) == 0:
         return "empty"
-    if row.get("finish_reason") == "length" and not _train_truncated(row, cfg, quoted):
+    if row.get("finish_reason") == "length" and not (cfg.truncated == "negative" and int(row["score"]) < 0):
         return "truncated"
     if is_degenerate(completion):
         return "degenerate"
@@ -182,7 +119,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
         """
         SELECT t.id, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs,
                t.finish_reason, t.weight_version, t.request_messages, t.request_tools, t.request_params,
-               t.response_text, t.next_state, j.score, j.hint
+               j.score, j.hint
         FROM turns t JOIN judgments j ON j.turn_id = t.id
         WHERE t.trainable = 1 AND t.kind = 'main'
           AND t.id NOT IN (SELECT turn_id FROM trained_samples)
@@ -194,8 +131,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:
-        quoted = quoted_in_answer(_user_reply(row["next_state"]), row["response_text"] or "") if int(row["score"]) < 0 else []
-        reason = _reject_reason(row, cfg, current_version, quoted or [])
+        reason = _reject_reason(row, cfg, current_version)
         if reason:
             skipped[row["id"]] = reason
             continue
@@ -211,7 +147,6 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 messages=row["request_messages"],
                 tools=row["request_tools"],
                 params=row["request_params"] if isinstance(row["request_params"], dict) else None,
-                quoted=quoted,
             )
         )
     return Selection(samples=samples, skipped=skipped)

@@ -66,8 +66,7 @@ class TrainerConfig:
         "Answers cut off at max_tokens: 'skip' never trains one; 'negative' trains one only when the "
         "judge scored it -1 (never reinforced). 'negative' spreads a -1 over hundreds of fluent tokens, "
         "which on the 135M default made greedy answers loop (38% of held-out answers after 3 steps, "
-        "0% with 'skip', same recorded samples: bench/replay.py). 'quoted' trains a rejected one only "
-        "when the user's reply quotes part of it, with the -1 on the quote (quote_outside_weight).",
+        "0% with 'skip', same recorded samples: bench/replay.py).",
     )
     epsilon_low: float = _f(0.2, "PPO clip: the ratio to the behaviour policy is kept above 1 - epsilon_low.")
     epsilon_high: float = _f(0.28, "PPO clip: the ratio is kept below 1 + epsilon_high (DAPO's clip-higher).")
@@ -84,11 +83,6 @@ class TrainerConfig:
         "since each prompt has one answer. 0: the raw score.",
     )
     w_rl: float = _f(1.0, "combined: weight of the judge score in the per-token advantage.")
-    quote_outside_weight: float = _f(
-        1.0,
-        "When the user's reply to a rejected answer quotes part of it ('No \"Remember,\" please'), "
-        "the -1 lands on the quoted tokens, and the rest of the answer gets this share of it. 1: off.",
-    )
     w_opd: float = _f(1.0, "combined: weight of (teacher - student) log-prob in the per-token advantage.")
     opd_clip: float = _f(
         1.0, "Clip of the per-token teacher - student log-prob gap, so OPD and RL terms share a scale."
@@ -131,8 +125,8 @@ class TrainerConfig:
             raise ConfigError("trainer.micro_batch_size must be >= 1.")
         if not 0 < self.refusal_backoff <= 1:
             raise ConfigError(f"trainer.refusal_backoff={self.refusal_backoff}: use a factor in (0, 1] (1: off).")
-        if self.truncated not in ("negative", "quoted", "skip"):
-            raise ConfigError(f"trainer.truncated={self.truncated!r}: use 'skip', 'quoted' or 'negative'.")
+        if self.truncated not in ("negative", "skip"):
+            raise ConfigError(f"trainer.truncated={self.truncated!r}: use 'negative' or 'skip'.")
         if self.teacher not in ("current", "base", "ema"):
             raise ConfigError(f"trainer.teacher={self.teacher!r}: use 'current', 'base' or 'ema'.")
         if self.finetune not in ("full", "lora"):
@@ -155,7 +149,5 @@ class TrainerConfig:
             raise ConfigError(f"trainer.loss_norm={self.loss_norm!r}: use 'token' or 'sequence'.")
         if self.baseline_window < 0:
             raise ConfigError("trainer.baseline_window must be >= 0 (0 turns the baseline off).")
-        if not 0 <= self.quote_outside_weight <= 1:
-            raise ConfigError("trainer.quote_outside_weight must be in [0, 1] (1: off).")
         if self.opd_clip <= 0:
             raise ConfigError("trainer.opd_clip must be > 0.")

@@ -40,7 +40,7 @@ from clawproxy.config import Config
 from clawproxy.errors import EngineError
 from clawproxy.store import Store, dumps
 from trainer import gate
-from trainer.batch import Sample, quote_token_mask, record_skipped, select_samples, teacher_prompt_ids
+from trainer.batch import Sample, record_skipped, select_samples, teacher_prompt_ids
 from trainer.checkpoints import (
     Version,
     checkpoints_root,
@@ -256,25 +256,6 @@ class Trainer:
             out[s.turn_id] = rest / others if others else 0.0
         return out
 
-    def _quote_scale(self, chunk: list[Sample], scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        """Per-token scale of the RL term: on a rejected answer whose reply quotes part of it, 1 on
-        the quoted tokens and ``quote_outside_weight`` on the rest; None when nothing is focused."""
-        w = self.tcfg.quote_outside_weight
-        if w >= 1.0:
-            return None
-        scale = torch.ones_like(mask)
-        focused = False
-        for b, s in enumerate(chunk):
-            if float(scores[b]) >= 0 or not s.quoted:
-                continue
-            marks = quote_token_mask(self.tokenizer, s.completion_ids, s.quoted)
-            if marks is None:
-                continue
-            m = torch.tensor(marks, dtype=mask.dtype, device=mask.device)
-            scale[b, : len(marks)] = m + (1 - m) * w
-            focused = True
-        return scale if focused else None
-
     def forward_backward(self, samples: list[Sample], baselines: dict[int, float] | None = None) -> dict[str, Any]:
         """Accumulate gradients of the clipped surrogate over micro-batches; return step metrics.
 
@@ -313,7 +294,6 @@ class Trainer:
                 w_rl=cfg.w_rl if cfg.method != "opd" else 0.0,
                 w_opd=cfg.w_opd if cfg.method != "rl" else 0.0,
                 clip=cfg.opd_clip,
-                rl_token_scale=self._quote_scale(chunk, scores, mask),
             )
             loss, st = ppo_clipped_loss(
                 logps, behaviour, adv, mask, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,

@@ -104,15 +104,10 @@ def combined_advantages(
     w_rl: float,
     w_opd: float,
     clip: float,
-    rl_token_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """w_rl * score + w_opd * clip(teacher - student); the OPD term is 0 for samples without a hint.
-    ``rl_token_scale`` (B, T) weighs the RL term per token (``quote_outside_weight``)."""
+    """w_rl * score + w_opd * clip(teacher - student); the OPD term is 0 for samples without a hint."""
     opd = opd_advantages(teacher_logps, student_logps, mask, clip) * has_teacher.to(mask.dtype).unsqueeze(1)
-    rl = rl_advantages(scores, mask)
-    if rl_token_scale is not None:
-        rl = rl * rl_token_scale
-    return w_rl * rl + w_opd * opd
+    return w_rl * rl_advantages(scores, mask) + w_opd * opd
 
 
 def sequence_weights(mask: torch.Tensor, num_samples: int) -> torch.Tensor:

@@ -12,8 +12,6 @@ from tests.trainer.util import insert_turn
 from trainer.batch import (
     add_hint,
     is_degenerate,
-    quote_token_mask,
-    quoted_in_answer,
     record_skipped,
     select_samples,
     teacher_prompt_ids,
@@ -103,11 +101,6 @@ def test_truncated_answers_are_only_ever_negatives(store):
     assert sel.skipped == {praised: "truncated", neutral: "truncated", looping: "degenerate"}
     default = select_samples(store, TrainerConfig(), 0)  # skip: none of them trains
     assert default.samples == [] and default.skipped[rejected] == "truncated"
-    quoted = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 3), finish_reason="length", score=-1,
-                         response_text="Certainly! The first step is", reply='No "Certainly!" please.')
-    sel = select_samples(store, TrainerConfig(truncated="quoted"), 0)  # a rejected one the reply quotes
-    assert [s.turn_id for s in sel.samples] == [quoted] and sel.samples[0].quoted == ["Certainly!"]
-    assert sel.skipped[rejected] == "truncated" and sel.skipped[praised] == "truncated"
 
 
 def test_trained_samples_are_not_selected_again(store):
@@ -228,35 +221,3 @@ def test_gate_sees_a_sentence_looped_with_variations(default_model_dir):
     ids = tok(loop, add_special_tokens=False)["input_ids"]
     assert _degenerate_output(ids, set(), tok)
     assert not _degenerate_output(tok(prose, add_special_tokens=False)["input_ids"], set(), tok)
-
-
-def test_quotes_of_the_answer_in_the_reply():
-    answer = "Great question! Remember, sleep matters. I hope this helps."
-    assert quoted_in_answer('Too much fluff. No "remember,", just the answer.', answer) == ["Remember,"]
-    assert quoted_in_answer("Drop the ‘great question!’ and “I hope”.", answer) == ["Great question!", "I hope"]
-    # apostrophes are not quotes; a quote the answer does not contain is not about the answer
-    assert quoted_in_answer("Don't do that, it's 'not what I said'.", answer) == []
-    assert quoted_in_answer('Say "Have a great day!" at the end.', answer) == []
-
-
-def test_only_rejected_answers_carry_the_quotes_of_the_reply(store):
-    text = "Certainly! Paris."
-    insert_turn(store, prompt_ids=[1, 2], completion_ids=_ids(4), score=-1, response_text=text,
-                reply='Skip the "Certainly!" please. Next question: what is 2+2?')
-    insert_turn(store, prompt_ids=[1, 2], completion_ids=_ids(4, 1), score=1, response_text=text,
-                reply='Good, "Paris." is right.')
-    neg, pos = select_samples(store, TrainerConfig(), 0).samples
-    assert neg.quoted == ["Certainly!"] and pos.quoted == []
-
-
-def test_quote_token_mask_marks_every_occurrence(default_model_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    ids = tok("Certainly! Sleep well. Remember, drink water. remember, rest.", add_special_tokens=False)["input_ids"]
-    ids = ids + [tok.eos_token_id]
-    marks = quote_token_mask(tok, ids, ["Remember,"])
-    assert len(marks) == len(ids)
-    marked = "".join(tok.decode([t]) for t, m in zip(ids, marks, strict=True) if m)
-    assert marked.lower() == " remember, remember,"
-    assert quote_token_mask(tok, ids, ["not there"]) is None and quote_token_mask(tok, ids, []) is None

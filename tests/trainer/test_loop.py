@@ -346,33 +346,3 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
     assert Trainer.score_baselines(me, [sample(7, 1), sample(8, -1)]) == pytest.approx({7: -0.6, 8: -0.2})
     me.tcfg = rig(baseline_window=0)[0].trainer
     assert Trainer.score_baselines(me, [sample(7, 1)]) == {7: 0.0}
-
-
-def test_a_quoted_rejection_focuses_the_rl_term_on_the_quote(rig, tiny_model_dir):
-    """quote_outside_weight: 1 on the quoted tokens of a rejected answer, the weight elsewhere;
-    positives and unquoted rejections untouched; None when off or when nothing is focused."""
-    from types import SimpleNamespace
-
-    from transformers import AutoTokenizer
-
-    from trainer.batch import Sample
-    from trainer.loop import Trainer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = tok("Certainly! The sea is blue.", add_special_tokens=False)["input_ids"]
-
-    def sample(turn_id, score, quoted):
-        return Sample(turn_id=turn_id, prompt_ids=[1], completion_ids=ids, behaviour_logps=[-1.0] * len(ids),
-                      score=score, hint=None, weight_version=0, quoted=quoted)
-
-    chunk = [sample(1, -1, ["Certainly!"]), sample(2, 1, ["Certainly!"]), sample(3, -1, [])]
-    scores, mask = torch.tensor([-1.0, 1.0, -1.0]), torch.ones(3, len(ids) + 2)
-    me = SimpleNamespace(tcfg=rig(quote_outside_weight=0.25)[0].trainer, tokenizer=tok)
-    scale = Trainer._quote_scale(me, chunk, scores, mask)
-    marked = [tok.decode([t]) for t, m in zip(ids, scale[0].tolist(), strict=False) if m == 1.0]
-    assert "".join(marked) == "Certainly!"
-    assert set(scale[0, : len(ids)].tolist()) == {1.0, 0.25} and scale[0, len(ids):].tolist() == [1.0, 1.0]
-    assert scale[1].tolist() == [1.0] * mask.size(1) and scale[2].tolist() == [1.0] * mask.size(1)
-    assert Trainer._quote_scale(me, chunk[1:], scores[1:], mask[1:]) is None
-    me.tcfg = rig()[0].trainer  # default
-    assert Trainer._quote_scale(me, chunk, scores, mask) is None or me.tcfg.quote_outside_weight < 1

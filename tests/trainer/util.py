@@ -24,8 +24,6 @@ def insert_turn(
     kind: str = "main",
     tools: list[dict[str, Any]] | None = None,
     params: dict[str, Any] | None = None,
-    response_text: str | None = None,
-    reply: str | None = None,
 ) -> int:
     """One recorded main turn (+ its judgment when ``score`` is not None); returns the turn id."""
     if logps is None and completion_ids is not None:
@@ -46,9 +44,6 @@ def insert_turn(
             "completion_logprobs": logps,
             "finish_reason": finish_reason,
             "weight_version": weight_version,
-            "response_text": response_text,
-            "next_state": [{"role": "user", "content": reply}] if reply is not None else None,
-            "next_state_role": "user" if reply is not None else None,
             "trainable": trainable,
             "reason": "ok" if trainable else "side",
         },
