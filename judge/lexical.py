@@ -162,6 +162,13 @@ STYLE_DESCRIPTOR = _rx(r"\bbrief(?:ly)?\b", r"\bconcise\b", r"\bjust the\b", r"\
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 # ... unless the sentence also asks for something ("great, now just the names", "brief please")
 _REQUEST_MARK = _rx(r"\bnow\b", r"\bplease\b", r"\bpl[sz]\b", r"\bnext time\b", r"\bfrom now on\b", r"\bno\b", r"\?")
+# A question that starts a new request, after an optional transition ("Next question:", "Also,").
+_NEW_QUESTION = re.compile(
+    r"^\W*(?:(?:next question|another one|something else|moving on|also|now|next|ok(?:ay)?,? next)\W+)?"
+    r"(?:how (?:do|does|can|could|should|would|to|much|many|long|often)|what(?! about)|where|when|which|who)\b"
+    r"[^?]*\?\s*$",
+    re.IGNORECASE,
+)
 COMPLAINT = _rx(
     r"\buseless\b",
     r"\bterrible\b",
@@ -336,9 +343,13 @@ CUE_NAMES = [
 
 
 def _redo_count(text: str) -> int:
-    """REDO matches, less the style words that describe the answer inside a praising sentence."""
+    """REDO matches, less the style words that describe the answer inside a praising sentence and
+    any inside a new question ("Also, how can I make my bike last longer?" asks nothing of the
+    answer before it)."""
     n = 0
     for sent in _SENTENCE_END.split(text):
+        if _NEW_QUESTION.match(sent):
+            continue
         redo = len(REDO.findall(sent))
         described = len(STYLE_DESCRIPTOR.findall(sent))
         praising = PRAISE.search(sent) or POSITIVE.search(sent)

@@ -28,3 +28,16 @@ def test_praise_that_names_the_style_is_praise(reply):
 ])
 def test_a_style_word_that_asks_for_something_is_a_redo(reply):
     assert lexical_score(cues(reply)) == -1
+
+
+@pytest.mark.parametrize("reply", [
+    "Good, straight to the point. Thanks!\n\nAlso, how can I make my bike last longer?",
+    "Perfect, thanks. Next question: How do I keep bread fresh longer?",
+])
+def test_a_style_word_in_the_next_question_asks_nothing_of_the_answer(reply):
+    assert lexical_score(cues(reply)) == 1
+
+
+@pytest.mark.parametrize("reply", ["What about a shorter one?", "Can you make it shorter?", "Why is it longer than before?"])
+def test_a_question_about_the_answer_is_still_a_redo(reply):
+    assert lexical_score(cues(reply)) == -1
