@@ -87,10 +87,6 @@ def scratch_store(run_dir: Path, into: Path) -> Path:
     return db
 
 
-def tokenizer_decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=True)
-
-
 def greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int) -> list[str]:
     """The oracle baseline's generation (same chat template and system prompt as the benchmark),
     one prompt at a time so no answer depends on another's padding."""
@@ -191,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     if sampled:
         from trainer.batch import is_degenerate
 
-        texts = [tokenizer_decode(trainer.tokenizer, c) for c, _ in sampled]
+        texts = [trainer.tokenizer.decode(c, skip_special_tokens=True) for c, _ in sampled]
         result["sampled"] = {
             "n": len(sampled), "max_tokens": args.sampled_tokens, "temperature": args.temperature,
             "cut_off_share": sum(not ended for _, ended in sampled) / len(sampled),
