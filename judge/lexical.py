@@ -163,9 +163,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 # ... unless the sentence also asks for something ("great, now just the names", "brief please")
 _REQUEST_MARK = _rx(r"\bnow\b", r"\bplease\b", r"\bpl[sz]\b", r"\bnext time\b", r"\bfrom now on\b", r"\bno\b", r"\?")
 # A question that starts a new request, after an optional transition ("Next question:", "Also,").
+# "How do I ...?" asks about the user's world; "How could you make it shorter?" asks for a redo.
 _NEW_QUESTION = re.compile(
     r"^\W*(?:(?:next question|another one|something else|moving on|also|now|next|ok(?:ay)?,? next)\W+)?"
-    r"(?:how (?:do|does|can|could|should|would|to|much|many|long|often)|what(?! about)|where|when|which|who)\b"
+    r"(?:how (?:(?:do|does|can|could|should|would) (?:i|we|one|my|our|people)|to|much|many|long|often)"
+    r"|what(?! about)|where|when|which|who)\b"
     r"[^?]*\?\s*$",
     re.IGNORECASE,
 )

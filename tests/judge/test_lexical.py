@@ -38,6 +38,7 @@ def test_a_style_word_in_the_next_question_asks_nothing_of_the_answer(reply):
     assert lexical_score(cues(reply)) == 1
 
 
-@pytest.mark.parametrize("reply", ["What about a shorter one?", "Can you make it shorter?", "Why is it longer than before?"])
+@pytest.mark.parametrize("reply", ["What about a shorter one?", "Can you make it shorter?", "Why is it longer than before?",
+                                   "How could you make it shorter?"])
 def test_a_question_about_the_answer_is_still_a_redo(reply):
     assert lexical_score(cues(reply)) == -1
