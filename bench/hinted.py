@@ -1,0 +1,104 @@
+"""Can the model do what the user asks when it is told? Greedy answers with and without the hint.
+
+The OPD teacher is the policy itself with the user's correction in context (``[User's hint: ...]``,
+as the trainer writes it). What the told model does not do, distillation from it cannot teach, and
+binary RL is left to find it by sampling. This answers train prompts greedily three ways for each
+persona: as asked, with the persona's plain instruction as the hint (``Answer directly, with no
+apologies, ...``), and with the persona's own complaints as the hint (what the judge passes on),
+and grades each answer with the persona's check and the benchmark's real-answer checks.
+
+    .venv/bin/python bench/hinted.py                        # every persona, 8 train prompts
+    .venv/bin/python bench/hinted.py --persona bullets --prompts 16
+
+Measured on the default model (SmolLM2-135M-Instruct), ``--prompts 16``: told to stay under 40
+words it does in 11 of 16 answers (0 untold), which is why the concise persona is learned. Told to use
+bullet points it does in 3 of 16 (0 untold) and 6 of 16 answers loop; told to drop the filler, 13 of
+16 are filler-free (11 untold) but 7 loop; it never writes the sign-off line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--persona", action="append", default=None, help="Persona (repeatable; default: all).")
+    p.add_argument("--prompts", type=int, default=8, help="Train prompts answered per condition.")
+    p.add_argument("--max-tokens", type=int, default=160, help="Greedy tokens per answer (the benchmark's).")
+    p.add_argument("--model", default="default", help="Model spec, as engine.model.")
+    p.add_argument("--data-dir", default=None, help="Where the converted default model is cached.")
+    p.add_argument("--out", default=None, help="Write the results (answers included) as JSON here.")
+    return p.parse_args(argv)
+
+
+def hinted_prompt(prompt: str, hint: str) -> str:
+    """The user message the OPD teacher sees: the trainer's own ``add_hint``."""
+    from trainer.batch import add_hint
+
+    return add_hint([{"role": "user", "content": prompt}], hint)[0]["content"]
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from clawproxy.engine.model import load_model_and_tokenizer
+    from clawproxy.simulate.measure import score_answers
+    from clawproxy.simulate.oracle import generate
+    from clawproxy.simulate.personas import PREFERENCES
+    from clawproxy.simulate.prompts import TRAIN_PROMPTS
+
+    args = parse_args(argv)
+    personas = args.persona or list(PREFERENCES)
+    unknown = [p for p in personas if p not in PREFERENCES]
+    if unknown:
+        raise SystemExit(f"unknown persona {unknown[0]!r}; use one of {', '.join(PREFERENCES)}")
+    model, tok = load_model_and_tokenizer(args.model, args.data_dir)
+    model.eval()
+    prompts = list(TRAIN_PROMPTS[: args.prompts])
+
+    def answer(texts: list[str]) -> list[str]:  # one at a time: no answer depends on padding
+        return [generate(model, tok, [t], args.max_tokens, sample=False)[0][2] for t in texts]
+
+    plain = answer(prompts)
+    results = []
+    print(f"{'persona':<10} {'condition':<11} {'met':>5} {'adopted':>8} {'degen.':>7} {'words':>6}")
+    for name in personas:
+        pref = PREFERENCES[name]
+        fields = [pref.complaint_fields(a) for a in plain]
+        conditions = {
+            "untold": plain,
+            "told": answer([hinted_prompt(p, pref.hint) for p in prompts]),
+            "complained": answer([
+                hinted_prompt(p, pref.complaints[i % len(pref.complaints)].format(**fields[i]))
+                for i, p in enumerate(prompts)
+            ]),
+        }
+        for cond, answers in conditions.items():
+            graded = score_answers(prompts, answers, pref.check)
+            n = len(graded)
+            row = {
+                "persona": name, "condition": cond, "n": n,
+                "preference_rate": sum(g.met for g in graded) / n,
+                "adoption": sum(g.adopted for g in graded) / n,
+                "degenerate_share": sum(g.degenerate is not None for g in graded) / n,
+                "mean_words": sum(g.words for g in graded) / n,
+                "answers": dict(zip(prompts, answers, strict=True)),
+            }
+            results.append(row)
+            print(f"{name:<10} {cond:<11} {row['preference_rate']:>5.2f} {row['adoption']:>8.2f} "
+                  f"{row['degenerate_share']:>7.2f} {row['mean_words']:>6.0f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
