@@ -3,30 +3,20 @@ to (its complaints as the hint), graded by the persona's check, with the trainer
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
+from tests.trainer.util import bench_module
 from trainer.batch import HINT_TEMPLATE
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _hinted_module():
-    spec = importlib.util.spec_from_file_location("bench_hinted", ROOT / "bench" / "hinted.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_hint_is_what_the_teacher_sees():
-    told = _hinted_module().hinted_prompt("How do I boil an egg?", "Answer in under 40 words.")
+    told = bench_module("hinted").hinted_prompt("How do I boil an egg?", "Answer in under 40 words.")
     assert told == "How do I boil an egg?\n\n" + HINT_TEMPLATE.format(hint="Answer in under 40 words.")
 
 
 def test_three_conditions_per_persona(tmp_path, tiny_model_dir):
     out = tmp_path / "hinted.json"
-    rows = _hinted_module().main(["--persona", "concise", "--persona", "bullets", "--prompts", "2",
+    rows = bench_module("hinted").main(["--persona", "concise", "--persona", "bullets", "--prompts", "2",
                                   "--max-tokens", "4", "--model", str(tiny_model_dir), "--out", str(out)])
     assert [(r["persona"], r["condition"]) for r in rows] == [
         (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained")]

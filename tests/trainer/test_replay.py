@@ -3,23 +3,13 @@ scratch copy of its store, the recorded store left untouched."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import yaml
 
 from clawproxy.store import Store
 from tests.trainer.test_loop import _add
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _replay_module():
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "bench" / "replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.trainer.util import bench_module
 
 
 def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir):
@@ -35,7 +25,7 @@ def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir
     _add(store, tiny_model_dir, 4)
     out = tmp_path / "replay.jsonl"
 
-    result = _replay_module().main([str(run_dir), "--steps", "2", "--extra", "1", "--max-tokens", "4",
+    result = bench_module("replay").main([str(run_dir), "--steps", "2", "--extra", "1", "--max-tokens", "4",
                                     "--set", "trainer.learning_rate=1e-4", "--label", "t", "--out", str(out),
                                     "--sampled", "3", "--sampled-tokens", "4"])
 

@@ -1,9 +1,13 @@
-"""Helpers for trainer tests: write judged turns into a real Store the way the proxy and judge do."""
+"""Helpers for trainer tests: write judged turns into a real Store the way the proxy and judge do,
+and load the bench scripts that drive the trainer."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 import uuid
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from clawproxy.store import Store
@@ -54,3 +58,12 @@ def insert_turn(
             {"turn_id": turn_id, "score": score, "hint": hint, "voter": "test", "created_at": time.time()},
         )
     return turn_id
+
+
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` loaded as a module (bench/ is a folder of scripts, not a package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
