@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     unknown = [p for p in personas if p not in PREFERENCES]
     if unknown:
         raise SystemExit(f"unknown persona {unknown[0]!r}; use one of {', '.join(PREFERENCES)}")
-    model, tok = load_model_and_tokenizer(args.model, args.data_dir)
-    model.eval()
+    model, tok = load_model_and_tokenizer(args.model, args.data_dir)  # in eval mode
     prompts = list(TRAIN_PROMPTS[: args.prompts])
 
     def answer(texts: list[str]) -> list[str]:  # one at a time: no answer depends on padding

@@ -17,7 +17,7 @@ def test_hint_is_what_the_teacher_sees():
 def test_three_conditions_per_persona(tmp_path, tiny_model_dir):
     out = tmp_path / "hinted.json"
     rows = bench_module("hinted").main(["--persona", "concise", "--persona", "bullets", "--prompts", "2",
-                                  "--max-tokens", "4", "--model", str(tiny_model_dir), "--out", str(out)])
+                                        "--max-tokens", "4", "--model", str(tiny_model_dir), "--out", str(out)])
     assert [(r["persona"], r["condition"]) for r in rows] == [
         (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained")]
     assert all(r["n"] == 2 and len(r["answers"]) == 2 and 0 <= r["adoption"] <= r["preference_rate"] <= 1

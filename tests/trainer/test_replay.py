@@ -26,8 +26,8 @@ def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir
     out = tmp_path / "replay.jsonl"
 
     result = bench_module("replay").main([str(run_dir), "--steps", "2", "--extra", "1", "--max-tokens", "4",
-                                    "--set", "trainer.learning_rate=1e-4", "--label", "t", "--out", str(out),
-                                    "--sampled", "3", "--sampled-tokens", "4"])
+                                          "--set", "trainer.learning_rate=1e-4", "--label", "t", "--out", str(out),
+                                          "--sampled", "3", "--sampled-tokens", "4"])
 
     assert result["persona"] == "concise" and result["overrides"] == {"trainer.learning_rate": 1e-4}
     assert len(result["step_status"]) == 2 and set(result["step_status"]) <= {"published", "gate_failed"}
