@@ -54,13 +54,23 @@ FILLER = (
 )
 
 
-def _insert_batch(store, tokenizer, n: int, completion_tokens: int, seed: int) -> None:
+def _system_prompt(tokenizer, prompt_tokens: int | None) -> str:
+    """A system prompt of about ``prompt_tokens`` tokens (an agent's long instructions stand-in)."""
+    if not prompt_tokens:
+        return "You are a helpful assistant."
+    per = len(tokenizer.encode(FILLER, add_special_tokens=False))
+    return "You are a helpful assistant.\n" + "\n".join([FILLER] * max(1, prompt_tokens // per))
+
+
+def _insert_batch(store, tokenizer, n: int, completion_tokens: int, seed: int,
+                  prompt_tokens: int | None = None) -> None:
     rng = random.Random(seed)
     filler = tokenizer.encode(FILLER, add_special_tokens=False)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    system = _system_prompt(tokenizer, prompt_tokens)
     for i in range(n):
         q = QUESTIONS[(seed * n + i) % len(QUESTIONS)]
-        messages = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": q}]
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": q}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
         start = rng.randrange(0, 10)
@@ -96,6 +106,7 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
     cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model,
                              "trainer.finetune": finetune, "trainer.batch_size": args.batch_size,
                              "trainer.learning_rate": lr, "trainer.keep_checkpoints": 2,
+                             "trainer.max_seq_len": max(4096, (args.prompt_tokens or 0) + 2 * args.completion_tokens),
                              "trainer.threads": args.threads})
     store = Store(cfg.db_path)
     trainer = Trainer(cfg, store)
@@ -103,7 +114,8 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
 
     results = []
     for step in range(args.steps + 1):
-        _insert_batch(store, trainer.tokenizer, args.batch_size, args.completion_tokens, seed=step)
+        _insert_batch(store, trainer.tokenizer, args.batch_size, args.completion_tokens, seed=step,
+                      prompt_tokens=args.prompt_tokens)
         samples = select_samples(store, cfg.trainer, trainer.current.version).samples[: args.batch_size]
         r = trainer.step(samples)
         results.append(r.metrics)
@@ -138,7 +150,8 @@ def run_baseline(args: argparse.Namespace) -> dict:
     store = Store(Path(tempfile.mkdtemp(prefix="bench-base-")) / "db")
     times, tokens = [], 0
     for step in range(args.steps + 1):
-        _insert_batch(store, tok, args.batch_size, args.completion_tokens, seed=step)
+        _insert_batch(store, tok, args.batch_size, args.completion_tokens, seed=step,
+                      prompt_tokens=args.prompt_tokens)
         rows = store.query("SELECT prompt_token_ids, completion_token_ids FROM turns ORDER BY id DESC LIMIT ?", (args.batch_size,))
         t0 = time.perf_counter()
         n = 0
@@ -228,6 +241,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--completion-tokens", type=int, default=100)
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="pad the system prompt to about this many tokens (OpenClaw's are 3-10k)")
     p.add_argument("--no-engine", action="store_true", help="skip the batch-ready -> serving measurement")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for trainer and baseline (and the engine); 1 on a busy shared CPU")
@@ -246,7 +261,8 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--device", args.device,
                "--steps", str(args.steps), "--batch-size", str(args.batch_size),
                "--completion-tokens", str(args.completion_tokens)] + (
-                   ["--threads", str(args.threads)] if args.threads else [])
+                   ["--threads", str(args.threads)] if args.threads else []) + (
+                   ["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -259,7 +275,7 @@ def main() -> None:
         print(json.dumps(r))
 
     print(f"\nmodel={args.model} device={args.device} batch={args.batch_size} x ~{args.completion_tokens} "
-          f"completion tokens, {args.steps} timed steps, torch threads={args.threads or 'default'}, "
+          f"completion tokens, prompts ~{args.prompt_tokens or 60} tokens, {args.steps} timed steps, torch threads={args.threads or 'default'}, "
           f"cores={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'mode':34} {'tokens/s':>9} {'step s':>8} {'peak MB':>9}")
     for r in results:

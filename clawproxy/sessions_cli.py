@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from clawproxy.openclaw import is_ctx
+from clawproxy.openclaw_setup import PROFILES
 from clawproxy.store import Store
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -86,10 +87,31 @@ def _text(msg: dict[str, Any] | None) -> str:
     if isinstance(c, list):
         c = "\n".join(p.get("text", "") for p in c if isinstance(p, dict))
     text = c if isinstance(c, str) else ""
-    for tc in msg.get("tool_calls") or ():
-        fn = tc.get("function") or {}
-        text += f" [{fn.get('name')}({fn.get('arguments', '')})]"
-    return text
+    calls = [call_text(tc) for tc in msg.get("tool_calls") or () if isinstance(tc, dict)]
+    return " ".join([text, *calls]).strip()
+
+
+def call_text(tc: dict[str, Any]) -> str:
+    """A tool call as a person reads it: ``→ read(path=hello.txt)``."""
+    fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+    args = fn.get("arguments")
+    try:
+        parsed = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        inner = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in parsed.items())
+    else:
+        inner = str(args or "")
+    return f"→ {fn.get('name')}({inner})"
+
+
+def said(msg: dict[str, Any] | None) -> str:
+    """What a user-side message was: the user's words, or a tool result labelled as one."""
+    if msg and msg.get("role") == "tool":
+        name = msg.get("name")
+        return f"tool result{f' ({name})' if name else ''}: {_text(msg)}"
+    return _text(msg)
 
 
 def _short(s: str | None, n: int = 80) -> str:
@@ -166,18 +188,16 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
         msgs = [m for m in (t.get("request_messages") or []) if isinstance(m, dict)]
         users = [m for m in msgs if m.get("role") in ("user", "tool")
                  and not is_ctx(m)]
-        resp = t.get("response_text") or ""
-        for tc in t.get("response_tool_calls") or ():
-            fn = tc.get("function") or {}
-            resp += f" [{fn.get('name')}({fn.get('arguments', '')})]"
-        ns = t.get("next_state") or []
-        ns_txt = f"{t.get('next_state_role')}: " + " | ".join(_short(_text(m), 60) for m in ns) if ns else "-"
+        calls = [call_text(tc) for tc in t.get("response_tool_calls") or () if isinstance(tc, dict)]
+        resp = " ".join([t.get("response_text") or "", *calls]).strip()
+        ns = [m for m in t.get("next_state") or [] if isinstance(m, dict)]
+        ns_txt = " | ".join(_short(said(m), 60) for m in ns) if ns else "-"
         kind = t["kind"] + (f"/{t['side_kind']}" if t.get("side_kind") else "")
         status = f"{t['status']} {t.get('http_status') or ''} {t.get('finish_reason') or ''}"
         table.add_row(str(t.get("turn_index")), time.strftime("%H:%M:%S", time.localtime(t["created_at"])),
                       kind, " ".join(status.split()),
                       "yes" if t["trainable"] else f"no: {t.get('reason')}",
-                      _short(_text(users[-1]) if users else "", 60), _short(resp, 80), ns_txt,
+                      _short(said(users[-1]) if users else "", 60), _short(resp, 80), ns_txt,
                       str(t["judge_score"]) if t.get("judge_score") is not None else "-")
     Console().print(table)
 
@@ -297,35 +317,6 @@ def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str
 
 
 # -- openclaw-config -------------------------------------------------------------------------------
-def openclaw_block(base_url: str, model_id: str, api_key: str, context_window: int,
-                   max_tokens: int) -> dict[str, Any]:
-    """The openclaw.json fragment (WIRE.md §1.3) that routes OpenClaw through the proxy."""
-    return {
-        "agents": {"defaults": {"model": {"primary": f"clawproxy/{model_id}"}}},
-        "models": {
-            "mode": "merge",
-            "providers": {
-                "clawproxy": {
-                    "baseUrl": base_url,
-                    "apiKey": api_key,
-                    "api": "openai-completions",
-                    "timeoutSeconds": 300,
-                    "models": [{
-                        "id": model_id,
-                        "name": f"{model_id} via clawproxy",
-                        "reasoning": False,
-                        "input": ["text"],
-                        "contextWindow": context_window,
-                        "maxTokens": max_tokens,
-                        # session_id / x-session-affinity headers: exact session identity.
-                        "compat": {"sendSessionAffinityHeaders": True},
-                    }],
-                }
-            },
-        },
-    }
-
-
 @click.command("openclaw-config", context_settings=CTX)
 @click.option("--port", type=int, default=None, help="Proxy port (default: proxy.port).")
 @click.option("--host", default=None, help="Host OpenClaw reaches the proxy on (default: proxy.host).")
@@ -333,39 +324,81 @@ def openclaw_block(base_url: str, model_id: str, api_key: str, context_window: i
 @click.option("--api-key", default="sk-clawproxy", show_default=True,
               help="Sent as Authorization and forwarded to the upstream.")
 @click.option("--upstream", default=None,
-              help="The existing server `clawproxy start --upstream` fronts; its model id is read from it.")
+              help="Read the model from this server instead of the running proxy (the one "
+                   "`clawproxy start --upstream` fronts).")
+@click.option("--context-window", type=click.IntRange(min=1), default=None,
+              help="The model's context length, for servers whose /v1/models does not report "
+                   "max_model_len.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="OpenClaw's answer cap (default: 1/16 of the context, 256-8192).")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
+              help="OpenClaw prompt profile (default: the richest that fits the context).")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None,
+              help="Sampling temperature OpenClaw sends (default: none, the server's default).")
+@click.option("--write", "write_to", is_flag=True,
+              help="Merge the block into OpenClaw's config ($OPENCLAW_CONFIG_PATH or "
+                   "~/.openclaw/openclaw.json), keeping a backup.")
 @_options
 def openclaw_config(port: int | None, host: str | None, model_id: str | None, api_key: str,
-                    upstream: str | None, config_path: str | None, data_dir: str | None) -> None:
-    """Print the openclaw.json provider block that points OpenClaw at this proxy."""
+                    upstream: str | None, context_window: int | None, max_tokens: int | None,
+                    profile: str | None, temperature: float | None, write_to: bool,
+                    config_path: str | None, data_dir: str | None) -> None:
+    """Print (or --write) the OpenClaw provider block that fits the model behind this proxy.
+
+    The context length and model id are read from the upstream's /v1/models, so run it while
+    `clawproxy start` (or your own server) is up.
+    """
+    from clawproxy.openclaw_setup import openclaw_config_path, plan, provider_block, render, write_config
+
     cfg = _config(config_path, data_dir, **{"proxy.port": port, "proxy.upstream": upstream})
     h = host or cfg.proxy.host
     if h in ("0.0.0.0", "::", ""):
         h = "127.0.0.1"
     if ":" in h and not h.startswith("["):
         h = f"[{h}]"
-    if model_id:
-        mid = model_id
-    elif cfg.proxy.upstream:  # the proxy forwards the model id as it is: it must be the upstream's
-        mid = upstream_model_id(cfg.proxy.upstream, api_key)
+    # the running proxy forwards /v1/models from whatever it fronts; --upstream reads that server
+    server = upstream or f"http://{h}:{cfg.proxy.port}"
+    card = {} if (model_id and context_window) else upstream_model_card(server, api_key)
+    mid = model_id or str(card["id"])
+    if context_window:
+        ctx, source = context_window, "--context-window"
+    elif isinstance(card.get("max_model_len"), int) and card["max_model_len"] > 0:
+        ctx, source = card["max_model_len"], f"max_model_len of {server}"
     else:
-        mid = cfg.engine.served_model_name or cfg.engine.model
-    block = openclaw_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key,
-                           cfg.engine.max_model_len, cfg.engine.default_max_tokens)
-    click.echo("// merge into ~/.openclaw/openclaw.json (JSON5); OpenClaw hot-reloads providers",
-               err=True)
-    click.echo(json.dumps(block, indent=2))
+        raise click.ClickException(
+            f"{server.rstrip('/')}/v1/models does not report max_model_len; pass --context-window with "
+            "the context length that server serves.")
+    p = plan(ctx, max_tokens, profile)
+    sampling = {"temperature": temperature} if temperature is not None else None
+    block = provider_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key, p, sampling)
+    text = render(block, p, source)
+    for w in p.warnings:
+        click.secho(f"warning: {w}", err=True, fg="yellow")
+    if not write_to:
+        click.echo(text, nl=False)
+        return
+    from clawproxy.errors import ClawproxyError
+
+    path = openclaw_config_path()
+    try:
+        backup = write_config(block, path)
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
+    click.echo(text.split("\n{", 1)[0].replace("// merge into ~/.openclaw/openclaw.json (or run with "
+                                                "--write)", f"// written to {path}"))
+    if backup:
+        click.echo(f"// previous config kept as {backup}")
 
 
-def upstream_model_id(upstream: str, api_key: str, timeout_s: float = 5.0) -> str:
-    """The model id the upstream serves, read from its ``/v1/models``."""
+def upstream_model_card(upstream: str, api_key: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The first model card the upstream's ``/v1/models`` lists (id, max_model_len, ...)."""
     from clawproxy.engine.client import EngineClient
     from clawproxy.errors import EngineError
 
     try:
-        return EngineClient(upstream, kind="vllm", token=api_key, timeout=timeout_s).served_model()
+        return EngineClient(upstream, kind="vllm", token=api_key, timeout=timeout_s).served_model_card()
     except EngineError as e:
         raise click.ClickException(
-            f"could not read the model id from {upstream.rstrip('/')}/v1/models ({e.message}); start that "
-            "server first, or pass --model-id with the model name it serves."
+            f"could not read the served model from {upstream.rstrip('/')}/v1/models ({e.message}); start "
+            "clawproxy first (`make start`), or pass --model-id and --context-window."
         ) from e

@@ -176,12 +176,28 @@ class Trainer:
 
         def read() -> list[Sample]:
             sel = select_samples(self.store, self.tcfg, self.current.version)
+            samples = []
+            for s in sel.samples:
+                if len(samples) == self.tcfg.batch_size:
+                    break
+                if self._teacher_too_long(s):
+                    sel.skipped[s.turn_id] = "teacher_too_long"
+                else:
+                    samples.append(s)
             if sel.skipped:
                 record_skipped(self.store, sel.skipped)
                 self.skipped_since_last_step.update(sel.skipped.values())
-            return sel.samples[: self.tcfg.batch_size]
+            return samples
 
         return self._main_says(read)
+
+    def _teacher_too_long(self, s: Sample) -> bool:
+        """True when the OPD teacher's prompt (the recorded one plus the hint) and the completion
+        exceed ``max_seq_len``: the teacher pass would cost more than the trainer allows."""
+        if self.tcfg.method == "rl" or not s.hint:
+            return False
+        ids = teacher_prompt_ids(self.tokenizer, s)
+        return ids is not None and len(ids) + len(s.completion_ids) > self.tcfg.max_seq_len
 
     # -- one step ----------------------------------------------------------------------------
 

@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             DEFAULT_MODEL_NAME,
             load_model_and_tokenizer,
             resolve_model,
+            sampling_defaults,
         )
         from clawproxy.engine.server import ServerSettings, create_app
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=max_len,
             default_max_tokens=args.default_max_tokens or None,
             control_token=args.control_token,
+            sampling_defaults=sampling_defaults(root if Path(str(root)).is_dir() else None),
         )
     except ClawproxyError as err:
         print(f"error: {err.message}", file=sys.stderr)

@@ -132,13 +132,19 @@ class EngineClient:
 
     # -- verbs ------------------------------------------------------------------------------
 
-    def served_model(self) -> str:
-        """The first model id ``GET /v1/models`` lists (vLLM: the served model)."""
+    def served_model_card(self) -> dict[str, Any]:
+        """The first model card ``GET /v1/models`` lists (vLLM: the served model, with max_model_len)."""
         cards = self._request("GET", "/v1/models")
         try:
-            return str(cards["data"][0]["id"])
+            card = cards["data"][0]
+            str(card["id"])
         except (TypeError, KeyError, IndexError) as err:
             raise EngineError(f"GET /v1/models at {self.base_url}: no model listed ({err!r})", status=502) from None
+        return card
+
+    def served_model(self) -> str:
+        """The first model id ``GET /v1/models`` lists (vLLM: the served model)."""
+        return str(self.served_model_card()["id"])
 
     def health(self) -> bool:
         """True when the engine answers ``GET /health`` with 200 (never raises)."""

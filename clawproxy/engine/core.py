@@ -64,6 +64,16 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False  # vLLM's extra sampling param; benchmarks use it for fixed lengths
+    # vLLM's penalties (vllm/model_executor/layers/utils.py apply_penalties): repetition over the
+    # prompt and the output, frequency and presence over the output only
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
 
 
 @dataclass
@@ -454,7 +464,7 @@ class Engine:
         raw = torch.log_softmax(logits, dim=-1)
         for i, req in enumerate(rows):
             p = req.params
-            row = logits[i]
+            row = _apply_penalties(logits[i], req) if p.penalized else logits[i]
             if p.temperature <= 1e-5:
                 tok = int(torch.argmax(row))
                 processed = raw[i]
@@ -599,6 +609,23 @@ def _lpad_mask(m: torch.Tensor, n: int) -> torch.Tensor:
     if n == 0:
         return m
     return torch.cat([torch.zeros((m.shape[0], n), dtype=m.dtype, device=m.device), m], dim=1)
+
+
+def _apply_penalties(logits: torch.Tensor, req: GenRequest) -> torch.Tensor:
+    """vLLM's penalties on one row of logits: repetition (prompt + output tokens), then frequency
+    and presence (output tokens), before temperature and top-p."""
+    p = req.params
+    out = logits.clone()
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(req.prompt_ids) | set(req.completion_ids)), dtype=torch.long,
+                            device=logits.device)
+        vals = out[seen]
+        out[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if req.completion_ids and (p.frequency_penalty or p.presence_penalty):
+        ids, counts = torch.tensor(req.completion_ids, dtype=torch.long, device=logits.device).unique(
+            return_counts=True)
+        out[ids] -= p.frequency_penalty * counts.to(out.dtype) + p.presence_penalty
+    return out
 
 
 def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -103,6 +103,25 @@ def write_dir_atomically(out_dir: Path, save: Any) -> Path:
     return out_dir
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "repetition_penalty")
+
+
+def sampling_defaults(model_dir: str | os.PathLike | None) -> dict[str, float]:
+    """The sampling defaults in a model's ``generation_config.json`` (what vLLM applies to requests
+    that leave them out, with ``--generation-config auto``); {} when there are none."""
+    import json
+
+    if model_dir is None:
+        return {}
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(cfg[k]) for k in SAMPLING_KEYS
+            if isinstance(cfg.get(k), int | float) and not isinstance(cfg.get(k), bool)}
+
+
 def resolve_model(spec: str, data_dir: str | os.PathLike | None = None) -> Path | str:
     """Return a local directory (or an HF model id) for ``spec``; convert GGUF once."""
     if spec in ("default", "", None):

@@ -39,7 +39,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class ServerSettings:
     max_model_len: int
     default_max_tokens: int | None = None  # None: fill the context, as vLLM does
     control_token: str | None = None
+    # defaults for what a request leaves out, from the model's generation_config.json (vLLM's
+    # --generation-config auto): temperature, top_p, repetition_penalty
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -201,8 +204,13 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
     n = body.get("n", 1)
     if n not in (1, None):
         raise BadRequest("only n=1 is supported", "n")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    dflt = settings.sampling_defaults
+    temperature = _number(body, "temperature", dflt.get("temperature", 1.0), 0.0, 2.0)
+    top_p = _number(body, "top_p", dflt.get("top_p", 1.0), 0.0, 1.0)
+    repetition_penalty = _number(body, "repetition_penalty", dflt.get("repetition_penalty", 1.0),
+                                 0.01, 2.0)
+    frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     if top_p <= 0.0:
         raise BadRequest("top_p must be in (0, 1]", "top_p")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -270,6 +278,9 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=bool(body.get("ignore_eos", False)),
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
     )
     return ChatJob(
         prompt_ids=list(prompt_ids),

@@ -6,7 +6,9 @@ It speaks vLLM's extras like the real engines do: ``logprobs: true`` adds per-to
 ``x-weight-version`` header. Behaviour per request comes from ``x-fake-*`` headers, so concurrent
 tests do not interfere:
 
-    x-fake-mode     text (default) | tool | reasoning | length | degenerate | hang | hang-mid
+    x-fake-mode     text (default) | tool | tool-once | reasoning | length | degenerate | hang | hang-mid
+                    (tool-once: a tool call, then text once the last message is a tool result)
+    x-fake-prompt-tokens  prompt_tokens reported in ``usage`` (default 11)
     x-fake-status   answer with this HTTP status and an OpenAI error body
     x-fake-chunks   number of content chunks (default 4)
     x-fake-delay-ms pause between chunks
@@ -119,6 +121,10 @@ class FakeUpstream:
             await asyncio.sleep(3600)
         n = int(h.get("x-fake-chunks", "4"))
         delay = float(h.get("x-fake-delay-ms", "0")) / 1000
+        if mode == "tool-once":
+            real = [m for m in body.get("messages") or [] if not _text(m).lstrip().startswith(CTX)]
+            mode = "text" if real and real[-1].get("role") == "tool" else "tool"
+        prompt_tokens = int(h.get("x-fake-prompt-tokens", "11"))
         chunks = self.build_chunks(body, mode, n)
         headers = {}
         if self.weight_version is not None:
@@ -146,7 +152,7 @@ class FakeUpstream:
         await resp.prepare(request)
         stamp = h.get("x-fake-stamp") == "1"
         try:
-            for i, ev in enumerate(self.events(body, chunks)):
+            for i, ev in enumerate(self.events(body, chunks, prompt_tokens)):
                 if stamp and ev.startswith(b"data: {"):
                     ev = b'data: {"sent_ns":%d,' % time.monotonic_ns() + ev[7:]
                 await resp.write(ev)
@@ -195,7 +201,8 @@ class FakeUpstream:
             obj["prompt_token_ids"] = [1, 2, 3, len(body.get("messages") or [])]
         return obj
 
-    def events(self, body: dict[str, Any], chunks: list[dict[str, Any]]) -> list[bytes]:
+    def events(self, body: dict[str, Any], chunks: list[dict[str, Any]],
+               prompt_tokens: int = 11) -> list[bytes]:
         """The SSE events for ``chunks``, token ids / log-probs only when the request asked."""
         want_lp = bool(body.get("logprobs"))
         want_ids = bool(body.get("return_token_ids"))
@@ -220,8 +227,8 @@ class FakeUpstream:
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = self._envelope(body, {}, False)
             usage["choices"] = []
-            usage["usage"] = {"prompt_tokens": 11, "completion_tokens": len(chunks),
-                              "total_tokens": 11 + len(chunks)}
+            usage["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": len(chunks),
+                              "total_tokens": prompt_tokens + len(chunks)}
             out.append(usage)
         return [b"data: " + orjson.dumps(o) + b"\n\n" for o in out] + [b"data: [DONE]\n\n"]
 

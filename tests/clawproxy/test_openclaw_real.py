@@ -1,0 +1,214 @@
+"""The real OpenClaw client (openclaw@2026.9.6 from the npm registry) in front of `clawproxy start`.
+
+Configured only by what `clawproxy openclaw-config --write` writes. Each test runs OpenClaw with its
+own HOME and state dir, against real `clawproxy start` processes on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from clawproxy.cli import main
+from clawproxy.store import Store
+from tests.clawproxy.test_supervisor import free_port, wait_http
+from tests.openclaw_client import OpenClaw, ensure_openclaw
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def openclaw() -> OpenClaw:
+    return ensure_openclaw()
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, *args], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=env, cwd=ROOT)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def fake_upstream(tmp_path):
+    port = free_port()
+    proc = _spawn(["-m", "tests.clawproxy.fake_upstream", "--port", str(port)], tmp_path / "fake.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:
+    port, data = free_port(), tmp_path / "data"
+    proc = _spawn(["-m", "clawproxy.cli", "start", "--port", str(port), "--data-dir", str(data), *args],
+                  tmp_path / "clawproxy.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=300)
+    except AssertionError:
+        _stop(proc)
+        raise AssertionError((tmp_path / "clawproxy.log").read_text()[-4000:]) from None
+    return proc, port, data
+
+
+def _write_config(home: Path, port: int, *extra: str) -> Path:
+    """`clawproxy openclaw-config --write` into this test's OpenClaw home; returns the file."""
+    path = home / ".openclaw" / "openclaw.json"
+    r = CliRunner().invoke(main, ["openclaw-config", "--port", str(port), "--write", *extra],
+                           env={"OPENCLAW_CONFIG_PATH": str(path)})
+    assert r.exit_code == 0, r.output
+    assert path.exists() and "written to" in r.output
+    return path
+
+
+def _wait(predicate, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _main_turns(data: Path) -> list[dict[str, Any]]:
+    store = Store(data / "clawproxy.db")
+    try:
+        return store.query("SELECT * FROM turns WHERE kind='main' ORDER BY id")
+    finally:
+        store.close()
+
+
+def _query(data: Path, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
+    store = Store(data / "clawproxy.db")
+    try:
+        return store.query(sql, args)
+    finally:
+        store.close()
+
+
+def test_tool_call_round_trip_is_recorded_with_its_next_state(openclaw, fake_upstream, tmp_path):
+    proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-train")
+    try:
+        home = tmp_path / "home"
+        cfg_path = _write_config(home, port, "--upstream", fake_upstream)
+        cfg = json.loads(cfg_path.read_text())
+        # the fake answers with a read(hello.txt) call, then with text once it sees the tool result
+        cfg["models"]["providers"]["clawproxy"]["headers"] = {"x-fake-mode": "tool-once"}
+        cfg_path.write_text(json.dumps(cfg))
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        (ws / "hello.txt").write_text("the secret word is marmalade\n")
+
+        out = openclaw.run(["agent", "exec", "--config", str(cfg_path), "--cwd", str(ws), "--json",
+                            "What does hello.txt say?"], home)
+        assert out["ok"] is True and out["status"] == "ok", out
+
+        turns = _wait(lambda: (t := _main_turns(data)) and len(t) == 2 and t[0]["next_turn_id"] and t,
+                      30, "both turns recorded and linked")
+        call, answer = turns
+        assert call["session_id"] == answer["session_id"]
+        assert call["finish_reason"] == "tool_calls" and answer["finish_reason"] == "stop"
+        (tc,) = call["response_tool_calls"]
+        assert tc["function"]["name"] == "read"
+        assert json.loads(tc["function"]["arguments"]) == {"path": "hello.txt"}
+        assert call["next_state_role"] == "tool" and call["next_turn_id"] == answer["id"]
+        assert "marmalade" in json.dumps(call["next_state"])
+        assert call["trainable"] == 1, call["reason"]
+
+        judged = _wait(lambda: _query(data, "SELECT score FROM judgments WHERE turn_id=?", (call["id"],)),
+                       120, "the judge's verdict on the tool call")
+        assert judged[0]["score"] == 1  # the tool ran and returned the file
+
+        r = CliRunner().invoke(main, ["sessions", "show", call["session_id"], "--data-dir", str(data)],
+                               env={"COLUMNS": "400"})
+        assert r.exit_code == 0, r.output
+        assert "→ read(path=hello.txt)" in r.output
+        assert "tool result" in r.output and "marmalade" in r.output
+    finally:
+        _stop(proc)
+
+
+def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, fake_upstream, tmp_path):
+    """OpenClaw flushes memory and compacts when the server reports a nearly full context."""
+    proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-judge", "--no-train")
+    try:
+        home = tmp_path / "home"
+        # OpenClaw's defaults: its memory plugin runs the pre-compaction flush
+        cfg_path = _write_config(home, port, "--upstream", fake_upstream, "--profile", "default")
+        cfg = json.loads(cfg_path.read_text())
+        cfg["models"]["providers"]["clawproxy"]["headers"] = {"x-fake-prompt-tokens": "7000"}
+        cfg_path.write_text(json.dumps(cfg))
+        for msg in ("Remember that my cat is called Miso.", "What is my cat called?"):
+            openclaw.run(["agent", "--local", "--session-id", "flush-1", "--json", "-m", msg], home,
+                         cfg_path)
+        side = _wait(lambda: _query(data, "SELECT side_kind, trainable, reason FROM turns "
+                                          "WHERE kind='side'"), 30, "side turns")
+        kinds = {t["side_kind"] for t in side}
+        assert {"memory_flush", "compaction"} <= kinds, side
+        assert all(t["trainable"] == 0 for t in side)
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.slow
+def test_default_stack_answers_a_real_conversation_and_trains_on_it(openclaw, tmp_path):
+    """The default engine and model, configured only by `openclaw-config --write`: three messages in
+    one session get real answers that end by themselves; the turns are linked, judged, trained."""
+    cfg_file = tmp_path / "clawproxy.yaml"
+    cfg_file.write_text("trainer:\n  batch_size: 2\n")
+    proc, port, data = _start(tmp_path, "--config", str(cfg_file), "--engine-port", str(free_port()))
+    try:
+        home = tmp_path / "home"
+        cfg_path = _write_config(home, port)
+        block = json.loads(cfg_path.read_text())
+        model = block["models"]["providers"]["clawproxy"]["models"][0]
+        assert model["contextWindow"] == 8192 and model["maxTokens"] == 512
+        assert block["tools"]["toolSearch"] is False  # the lean profile fits an 8k model
+
+        messages = ["What is the capital of France?",
+                    "Thanks, that's exactly right! What is the largest planet?",
+                    "No, that's wrong. Answer in one short sentence."]
+        for msg in messages:
+            out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m", msg],
+                               home, cfg_path)
+            completion = out["meta"].get("completion") or {}
+            assert completion.get("finishReason") == "stop", out["meta"]
+            assert out["payloads"][0]["text"].strip(), out
+
+        turns = _wait(lambda: (t := _main_turns(data)) and len(t) == 3 and t, 30, "three turns")
+        assert len({t["session_id"] for t in turns}) == 1
+        for t in turns:
+            assert t["finish_reason"] == "stop" and t["status"] == "ok", t
+            assert len(t["completion_token_ids"]) >= 3
+        assert turns[0]["next_turn_id"] == turns[1]["id"] and turns[1]["next_turn_id"] == turns[2]["id"]
+        assert turns[0]["trainable"] == 1 and turns[1]["trainable"] == 1, [t["reason"] for t in turns]
+
+        scores = _wait(lambda: (j := _query(data, "SELECT turn_id, score FROM judgments WHERE turn_id IN "
+                                                  "(?, ?)", (turns[0]["id"], turns[1]["id"])))
+                       and len(j) == 2 and j, 180, "both turns judged")
+        assert {r["turn_id"]: r["score"] for r in scores} == {turns[0]["id"]: 1, turns[1]["id"]: -1}
+
+        trained = _wait(lambda: _query(data, "SELECT turn_id FROM trained_samples"), 900,
+                        "a training step on the conversation")
+        assert {r["turn_id"] for r in trained} == {turns[0]["id"], turns[1]["id"]}
+    finally:
+        _stop(proc)
