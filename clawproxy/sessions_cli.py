@@ -348,7 +348,13 @@ def openclaw_config(port: int | None, host: str | None, model_id: str | None, ap
     The context length and model id are read from the upstream's /v1/models, so run it while
     `clawproxy start` (or your own server) is up.
     """
-    from clawproxy.openclaw_setup import openclaw_config_path, plan, provider_block, render, write_config
+    from clawproxy.openclaw_setup import (
+        openclaw_config_path,
+        plan,
+        provider_block,
+        render,
+        write_config,
+    )
 
     cfg = _config(config_path, data_dir, **{"proxy.port": port, "proxy.upstream": upstream})
     h = host or cfg.proxy.host
