@@ -346,3 +346,15 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
     assert Trainer.score_baselines(me, [sample(7, 1), sample(8, -1)]) == pytest.approx({7: -0.6, 8: -0.2})
     me.tcfg = rig(baseline_window=0)[0].trainer
     assert Trainer.score_baselines(me, [sample(7, 1)]) == {7: 0.0}
+
+
+def test_a_sample_whose_teacher_prompt_is_too_long_is_skipped_with_its_reason(rig, tiny_model_dir):
+    """The student's prompt fits max_seq_len, the hint pushes the teacher's past it: skipped and
+    recorded, never trained and never a crash; the sample without a hint is kept."""
+    n = len(_prompt(tiny_model_dir)) + 8
+    cfg, store = rig(max_seq_len=n + 2)  # the hint adds more than 2 tokens
+    hinted, plain = _add(store, tiny_model_dir, 2)
+    tr = _trainer(cfg, store)
+    assert [s.turn_id for s in tr.collect()] == [plain]
+    rows = store.query("SELECT turn_id, reason FROM skipped_samples")
+    assert rows == [{"turn_id": hinted, "reason": "teacher_too_long"}]
