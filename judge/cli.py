@@ -16,7 +16,6 @@ import click
 from clawproxy.errors import ClawproxyError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
-EVAL_VOTERS = ("embedding", "lexical", "llm")
 
 
 def _config(config_path: str | None, **overrides):
@@ -36,7 +35,7 @@ def judge() -> None:
 @click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
 @click.option("--follow", is_flag=True, help="Keep polling for new turns until SIGTERM/Ctrl-C.")
 @click.option("-n", "--limit", type=int, default=None, help="Stop after judging this many turns.")
-@click.option("--voter", type=click.Choice(EVAL_VOTERS), default=None, help="Override judge.voter.")
+@click.option("--voter", type=click.Choice(VOTERS), default=None, help="Override judge.voter.")
 @click.option("--votes", type=int, default=None, help="Override judge.votes (m).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
@@ -81,7 +80,7 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
 @judge.command("eval", context_settings=CONTEXT_SETTINGS)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="YAML config file (for judge.votes and the LLM voter's endpoint).")
-@click.option("--voter", "voters", type=click.Choice(EVAL_VOTERS), multiple=True,
+@click.option("--voter", "voters", type=click.Choice(VOTERS), multiple=True,
               help="Voter(s) to score (repeatable; default: embedding and lexical, plus llm when "
                    "--llm-url or --local-model is given).")
 @click.option("--split", type=click.Choice(["heldout", "train", "all"]), default="heldout",

@@ -57,7 +57,6 @@ from trainer.losses import (
     make_token_batch,
     pad_floats,
     ppo_clipped_loss,
-    sequence_weights,
 )
 from trainer.policy import (
     TEACHER_ADAPTER,
@@ -298,7 +297,6 @@ class Trainer:
             loss, st = ppo_clipped_loss(
                 logps, behaviour, adv, mask, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                 num_tokens=num_tokens, ref_logps=ref_logps, kl_coef=cfg.kl_coef,
-                token_weights=sequence_weights(mask, len(samples)) if cfg.loss_norm == "sequence" else None,
             )
             acc.backward(loss * weight * world)  # DDP/FSDP average gradients over processes
             n = float(mask.sum()) * weight
