@@ -136,21 +136,37 @@ def test_taken_port_is_a_clear_error(tmp_path, flag):
     assert "Traceback" not in r.stderr and flag in r.stderr and str(taken) in r.stderr, r.stderr
 
 
-def test_engine_gets_its_config_and_the_token_off_the_command_line(tmp_path, monkeypatch):
+def test_every_child_starts_from_run_config_and_no_token_on_the_command_line(tmp_path):
+    import stat
+
     from clawproxy.config import load_config
-    from clawproxy.engine.__main__ import parse_args
-    from clawproxy.supervisor import build_children
+    from clawproxy.engine.__main__ import config_from_args, parse_args
+    from clawproxy.supervisor import _write_run_config, build_children
 
     cfg = load_config(None, {"data_dir": str(tmp_path), "engine.max_model_len": 1024,
                              "engine.max_batch_size": 3, "engine.default_max_tokens": 64,
-                             "engine.control_token": "s3cret"})
-    engine, _ = build_children(cfg, tmp_path / "run-config.yaml")
-    assert engine is not None and "s3cret" not in " ".join(engine.argv)  # `ps` shows argv
-    for k, v in (engine.env or {}).items():
-        monkeypatch.setenv(k, v)
-    args = parse_args(engine.argv[3:])  # what the engine process will parse
-    assert (args.max_model_len, args.max_batch_size, args.default_max_tokens) == (1024, 3, 64)
-    assert args.control_token == "s3cret"
+                             "engine.logprobs_mode": "processed_logprobs", "engine.threads": 2,
+                             "engine.prefix_cache_entries": 0, "engine.control_token": "s3cret"})
+    run_config = _write_run_config(cfg)
+    assert stat.S_IMODE(run_config.stat().st_mode) == 0o600
+    engine, workers = build_children(cfg, run_config)
+    assert engine is not None and [c.name for c in workers] == ["judge", "trainer"]
+    for child in (engine, *workers):
+        assert "s3cret" not in " ".join(child.argv)  # `ps` shows argv
+        at = child.argv.index("--config")
+        assert child.argv[at + 1] == str(run_config)
+    seen = config_from_args(parse_args(engine.argv[3:]))  # what the engine process will load
+    assert seen == cfg
+
+
+def test_engine_flags_override_the_file_and_are_validated(tmp_path):
+    from clawproxy.engine.__main__ import config_from_args, parse_args
+    from clawproxy.errors import ConfigError
+
+    cfg = config_from_args(parse_args(["--max-batch-size", "2", "--port", "0"]))
+    assert (cfg.engine.max_batch_size, cfg.engine.port) == (2, 0)
+    with pytest.raises(ConfigError, match="engine.max_batch_size"):
+        config_from_args(parse_args(["--max-batch-size", "0"]))
 
 
 def test_unusable_data_dir_is_a_clear_error(tmp_path):
