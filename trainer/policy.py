@@ -149,10 +149,6 @@ def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path, 
             raise ConfigError(f"v{version.version} does not match the model: missing={missing[:3]} unexpected={unexpected[:3]}")
 
 
-def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 class Teacher:
     """Gives the OPD teacher's forward pass (and the KL reference's) for a policy."""
 

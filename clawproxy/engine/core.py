@@ -565,12 +565,8 @@ def _has_safetensors(path: Path) -> bool:
 
 
 def default_threads() -> int:
-    """Half the CPUs (at least one).
-
-    The engine shares the machine with the proxy, the judge and the trainer. Measured on the
-    2-core dev box under that load: a decode step took 0.63 s with 2 intra-op threads and 0.087 s
-    with 1, because every OpenMP barrier waits for a thread the OS has descheduled.
-    """
+    """Half the CPUs (at least one): the engine shares them with the proxy, the judge and the
+    trainer, and an OpenMP barrier waits for any thread the OS has descheduled."""
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
 

@@ -97,33 +97,31 @@ def test_openclaw_config(tmp_path):
 def test_openclaw_config_in_front_of_an_existing_server(tmp_path):
     """With --upstream the model id is the one that server serves (the proxy forwards it as is)."""
     import asyncio
-    import socket
     import threading
 
     from aiohttp import web
 
     from tests.fakes.fake_vllm import create_fake_vllm
+    from tests.net import held_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(create_fake_vllm(model="Qwen/Qwen3-4B", api_key="sk-up"))
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        r = CliRunner().invoke(main, ["openclaw-config", "--upstream", f"http://127.0.0.1:{port}",
-                                      "--api-key", "sk-up"])
-        assert r.exit_code == 0, r.output
-        prov = json.loads(r.stdout)["models"]["providers"]["clawproxy"]
-        assert prov["models"][0]["id"] == "Qwen/Qwen3-4B"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-    # nothing listening there any more: a clear error that says how to fix it
-    r = CliRunner().invoke(main, ["openclaw-config", "--upstream", f"http://127.0.0.1:{port}"])
-    assert r.exit_code != 0 and "--model-id" in r.output and "/v1/models" in r.output
+    with held_port() as port:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(create_fake_vllm(model="Qwen/Qwen3-4B", api_key="sk-up"))
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        try:
+            r = CliRunner().invoke(main, ["openclaw-config", "--upstream", f"http://127.0.0.1:{port}",
+                                          "--api-key", "sk-up"])
+            assert r.exit_code == 0, r.output
+            prov = json.loads(r.stdout)["models"]["providers"]["clawproxy"]
+            assert prov["models"][0]["id"] == "Qwen/Qwen3-4B"
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+        # nothing listening there any more (the port stays held): a clear error that says how to fix it
+        r = CliRunner().invoke(main, ["openclaw-config", "--upstream", f"http://127.0.0.1:{port}"])
+        assert r.exit_code != 0 and "--model-id" in r.output and "/v1/models" in r.output

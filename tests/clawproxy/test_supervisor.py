@@ -14,12 +14,7 @@ from pathlib import Path
 import pytest
 
 from clawproxy.store import Store
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import held_port
 
 
 def children_of(pid: int) -> list[int]:
@@ -39,6 +34,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_until(what: str, check, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.1)
+
+
 def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,22 +56,22 @@ def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
 
 @pytest.fixture
 def stack(tmp_path, tiny_model_dir):
-    port, engine_port = free_port(), free_port()
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clawproxy.cli", "start", "--model", str(tiny_model_dir),
-         "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
-         "--no-judge", "--no-train"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{engine_port}/health")
-        wait_http(f"http://127.0.0.1:{port}/v1/models")
-        yield proc, port, engine_port, data
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    with held_port() as port, held_port() as engine_port:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clawproxy.cli", "start", "--model", str(tiny_model_dir),
+             "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
+             "--no-judge", "--no-train"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{engine_port}/health")
+            wait_http(f"http://127.0.0.1:{port}/v1/models")
+            yield proc, port, engine_port, data
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 def test_start_serves_records_and_stops_cleanly(stack):
@@ -98,7 +100,8 @@ def test_engine_crash_gives_503_then_recovers(stack):
     proc, port, engine_port, data = stack
     (engine_pid,) = children_of(proc.pid)
     os.kill(engine_pid, signal.SIGKILL)
-    time.sleep(0.5)
+    log = data / "logs" / "clawproxy.log"  # written after the supervisor marks the engine not ready
+    wait_until("the supervisor saw the engine die", lambda: "engine exited with code -9" in log.read_text())
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}',
@@ -112,11 +115,15 @@ def test_engine_crash_gives_503_then_recovers(stack):
         assert e.code == 503
         assert b'"error"' in e.read()
     assert time.monotonic() - t0 < 2, "answered at once, did not hang"
-    wait_http(f"http://127.0.0.1:{engine_port}/health")
-    wait_http(f"http://127.0.0.1:{port}/clawproxy/health")
-    time.sleep(1.0)  # the supervisor's readiness probe runs every 0.5 s
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200
+    def serves() -> bool:  # 503 until the supervisor's readiness probe sees the new engine
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status == 200
+        except urllib.error.HTTPError as e:
+            assert e.code == 503, e.code
+            return False
+
+    wait_until("the restarted engine serves through the proxy", serves, timeout=120)
 
 
 @pytest.mark.parametrize("flag", ["--port", "--engine-port"])
@@ -125,13 +132,14 @@ def test_taken_port_is_a_clear_error(tmp_path, flag):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        ports = {"--port": free_port(), "--engine-port": free_port(), flag: taken}
-        r = subprocess.run(
-            [sys.executable, "-m", "clawproxy.cli", "start", "--data-dir", str(tmp_path / "d"),
-             "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"),
-             *[str(x) for kv in ports.items() for x in kv]],
-            capture_output=True, text=True, timeout=60,
-        )
+        with held_port() as port, held_port() as engine_port:
+            ports = {"--port": port, "--engine-port": engine_port, flag: taken}
+            r = subprocess.run(
+                [sys.executable, "-m", "clawproxy.cli", "start", "--data-dir", str(tmp_path / "d"),
+                 "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"),
+                 *[str(x) for kv in ports.items() for x in kv]],
+                capture_output=True, text=True, timeout=60,
+            )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and flag in r.stderr and str(taken) in r.stderr, r.stderr
 
@@ -172,11 +180,12 @@ def test_engine_flags_override_the_file_and_are_validated(tmp_path):
 def test_unusable_data_dir_is_a_clear_error(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    r = subprocess.run(
-        [sys.executable, "-m", "clawproxy.cli", "start", "--upstream", "http://127.0.0.1:9",
-         "--port", str(free_port()), "--data-dir", str(not_a_dir), "--no-judge", "--no-train"],
-        capture_output=True, text=True, timeout=60,
-    )
+    with held_port() as port:
+        r = subprocess.run(
+            [sys.executable, "-m", "clawproxy.cli", "start", "--upstream", "http://127.0.0.1:9",
+             "--port", str(port), "--data-dir", str(not_a_dir), "--no-judge", "--no-train"],
+            capture_output=True, text=True, timeout=60,
+        )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "--data-dir" in r.stderr, r.stderr
 
