@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,15 +29,10 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+from _env import reserve_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(pid: int) -> float:
@@ -163,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> None:
     py = sys.executable
     up_proc, up_port = _start([py, "-m", "tests.clawproxy.fake_upstream", "--port", "0"], "PORT")
     upstream = f"http://127.0.0.1:{up_port}"
-    pport = _free_port()
+    pport = reserve_port()
     data_dir = tempfile.mkdtemp(prefix="clawproxy-bench-")
     px_proc, _ = _start([py, "-m", "clawproxy.proxy", "--upstream", upstream, "--port", str(pport),
                          "--data-dir", data_dir, "--log-level", "WARNING"],

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,10 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from _env import ROOT, reserve_port
 
 QUESTIONS = [
     "Explain what a hash table is.",
@@ -160,12 +156,6 @@ def run_baseline(args: argparse.Namespace) -> dict:
             "step_s": sum(times) / len(times), "peak_mb": _peak_mb(args.device)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_engine_publish(args: argparse.Namespace) -> dict:
     """Batch ready -> new weights serving, with a real engine process on the same machine."""
     from clawproxy.config import load_config
@@ -177,7 +167,7 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
 
     base = Path(resolve_model(args.model))
     data = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    port = _free_port()
+    port = reserve_port()
     log = open(data / "engine.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--model", str(base), "--port", str(port),
                              "--data-dir", str(data), "--log-level", "WARNING"]
