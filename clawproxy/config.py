@@ -60,7 +60,7 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         if self.upstream is not None:
-            self.upstream = base_url(self.upstream)
+            self.upstream = strip_v1(self.upstream)
             if not self.upstream.startswith(("http://", "https://")):
                 raise ConfigError(
                     f"proxy.upstream={self.upstream!r} must be an http(s) URL, "
@@ -157,7 +157,7 @@ class Config:
         return f"http://{self.engine.host}:{self.engine.port}"
 
 
-def base_url(url: str) -> str:
+def strip_v1(url: str) -> str:
     """An OpenAI-compatible base URL without a trailing slash or ``/v1``: routes add their own."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url

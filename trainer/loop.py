@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from clawproxy.config import Config
+from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import EngineError
 from clawproxy.store import Store, dumps
 from trainer import gate
@@ -473,8 +474,8 @@ class Trainer:
                 nested.rmdir()
         else:
             # written in the engine's dtype: fp32 master weights would double the checkpoint size
-            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.cfg.engine.dtype)
-            if dtype is not None:
+            if self.cfg.engine.dtype != "float32":
+                dtype = torch_dtype(self.cfg.engine.dtype)
                 state_dict = {k: v.to(dtype) for k, v in (state_dict or model.state_dict()).items()}
             model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(str(tmp))
