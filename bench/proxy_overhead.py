@@ -31,6 +31,8 @@ import aiohttp
 import orjson
 from _env import reserve_port
 
+from tests.net import wait_ok
+
 REPO = Path(__file__).resolve().parents[1]
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -129,19 +131,6 @@ def _start(cmd: list[str], ready: str | None = None, env: dict[str, str] | None 
     return p, line.split()[1]
 
 
-async def _wait_health(url: str) -> None:
-    async with aiohttp.ClientSession() as s:
-        for _ in range(300):
-            try:
-                async with s.get(url + "/clawproxy/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("proxy did not become healthy")
-
-
 async def _drain(s: aiohttp.ClientSession, proxy: str) -> None:
     """Wait until the recorder has caught up, so one scenario's backlog does not tax the next."""
     for _ in range(600):
@@ -171,7 +160,7 @@ async def main_async(args: argparse.Namespace) -> None:
         results.setdefault(k, []).append(v)
 
     try:
-        await _wait_health(proxy)
+        await wait_ok(proxy + "/clawproxy/health")
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
             for url in (direct_url, proxy_url):  # warm up connections and code paths

@@ -26,10 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from _env import ROOT, reserve_port
+from _env import ROOT
 
 QUESTIONS = [
     "Explain what a hash table is.",
@@ -162,28 +161,14 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
     from clawproxy.engine.client import EngineClient
     from clawproxy.engine.model import resolve_model
     from clawproxy.store import Store
+    from tests.clawproxy.engine_proc import engine_process
     from trainer.batch import select_samples
     from trainer.loop import Trainer
 
     base = Path(resolve_model(args.model))
     data = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    port = reserve_port()
-    log = open(data / "engine.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--model", str(base), "--port", str(port),
-                             "--data-dir", str(data), "--log-level", "WARNING"]
-                            + (["--threads", str(args.threads)] if args.threads else []),
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((data / "engine.log").read_text()[-2000:]) from None
-                time.sleep(0.5)
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    with engine_process(base, data, *threads, timeout=180.0) as url:
         cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model,
                                  "trainer.batch_size": args.batch_size, "trainer.keep_checkpoints": 2,
                                  "trainer.threads": args.threads})
@@ -202,13 +187,6 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
         return {"mode": "batch ready -> serving (engine)", "batch_to_serving_s": m["batch_to_serving_s"],
                 "train_s": m["train_s"], "save_and_reload_s": m["publish_s"],
                 "gate_s": m["batch_to_serving_s"] - m["train_s"] - m["publish_s"]}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def main() -> None:

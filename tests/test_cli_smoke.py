@@ -15,7 +15,8 @@ def test_help_lists_commands():
 
 
 def test_proxy_path_imports_without_torch():
-    code = "import sys, clawproxy.cli, clawproxy.store, clawproxy.config; assert 'torch' not in sys.modules"
+    code = ("import sys, clawproxy.cli, clawproxy.store, clawproxy.config, clawproxy.proxy.app; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -16,7 +16,7 @@ import aiohttp
 from clawproxy.store import Store
 from tests.clawproxy.fake_upstream import FakeUpstream
 from tests.clawproxy.test_proxy_forwarding import _body
-from tests.net import held_port
+from tests.net import held_port, wait_ok
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,16 +82,7 @@ async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
         base = f"http://127.0.0.1:{port}"
         try:
             async with aiohttp.ClientSession() as client:
-                deadline = time.monotonic() + 30
-                while True:
-                    try:
-                        async with client.get(base + "/clawproxy/health") as r:
-                            if r.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
-                    await asyncio.sleep(0.1)
+                await wait_ok(base + "/clawproxy/health", 30, proc)
                 async with client.post(base + "/v1/chat/completions", json=_body("remember me"),
                                        headers={"session_id": "kill:0"}) as r:
                     assert r.status == 200
