@@ -83,7 +83,7 @@ def _short(s: str | None, n: int = 80) -> str:
 # -- sessions ------------------------------------------------------------------------------------
 @click.group(cls=DefaultGroup, default="list", default_if_no_args=True, context_settings=CTX)
 def sessions() -> None:
-    """Inspect what was collected (alone: list sessions)."""
+    """Inspect what was collected (`sessions` alone is `sessions list`, options included)."""
 
 
 @sessions.command("list", context_settings=CTX)

@@ -19,6 +19,9 @@ from pathlib import Path
 from clawproxy.config import Config, EngineConfig, load_config
 from clawproxy.errors import ClawproxyError
 
+# engine.kind tells the trainer which engine it drives; the engine itself never reads it
+FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "kind"]
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -30,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=None,
                    help="YAML config (default: configs/default.yaml); `clawproxy start` passes its run-config.yaml")
     p.add_argument("--data-dir", default=None, help="where converted models are cached (overrides data_dir)")
-    for f in dataclasses.fields(EngineConfig):
+    for f in FLAGS:
         p.add_argument(_flag(f.name), dest=f.name, default=None, help=f.metadata["description"])
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -38,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The config file's settings with the given flags on top (strings: the config edge parses them)."""
-    overrides = {f"engine.{f.name}": getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+    overrides = {f"engine.{f.name}": getattr(args, f.name) for f in FLAGS}
     return load_config(args.config, {"data_dir": args.data_dir, **overrides})
 
 
