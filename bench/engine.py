@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,9 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _env import reserve_port
 
-from clawproxy.engine.client import EngineClient  # noqa: E402
+from clawproxy.engine.client import EngineClient
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -40,12 +39,6 @@ PROMPTS = [
     "List some tips for a good night's sleep.",
     "What should I pack for a weekend hiking trip?",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stream(url: str, prompt: str, tokens: int) -> dict:
@@ -137,7 +130,7 @@ def main() -> None:
     root = Path(resolve_model(args.model, args.data_dir))
     model, tokenizer = load_model_and_tokenizer(str(root), args.data_dir, "float32", "cpu")
 
-    port = free_port()
+    port = reserve_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="bench-engine-", suffix=".log", delete=False)
     proc = subprocess.Popen(

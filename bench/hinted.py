@@ -20,14 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from _env import ROOT  # noqa: F401  (sets up the environment)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,9 +44,10 @@ def hinted_prompt(prompt: str, hint: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    from oracle import generate
+
     from clawproxy.engine.model import load_model_and_tokenizer
     from clawproxy.simulate.measure import score_answers
-    from clawproxy.simulate.oracle import generate
     from clawproxy.simulate.personas import PREFERENCES
     from clawproxy.simulate.prompts import TRAIN_PROMPTS
 

@@ -23,19 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from _env import ROOT
 
-from clawproxy.simulate.measure import Curve, LiveTable, plot_png, read_json, write_json  # noqa: E402
+from clawproxy.simulate.measure import Curve, LiveTable, plot_png, read_json, write_json
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,8 +117,8 @@ def summarize(curves: list[Curve]) -> list[dict[str, Any]]:
 
 
 def run_oracle(persona: str, args: argparse.Namespace, results: Results) -> None:
-    from clawproxy.simulate.oracle import OracleSettings
-    from clawproxy.simulate.oracle import run_oracle as oracle
+    from oracle import OracleSettings
+    from oracle import run_oracle as oracle
 
     label = f"oracle ({persona})"
     curve = results.add(Curve(label=label, persona=persona, method="oracle-reinforce"))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,15 +29,12 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+from _env import reserve_port
+
+from tests.net import wait_ok
 
 REPO = Path(__file__).resolve().parents[1]
 CLK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(pid: int) -> float:
@@ -135,19 +131,6 @@ def _start(cmd: list[str], ready: str | None = None, env: dict[str, str] | None 
     return p, line.split()[1]
 
 
-async def _wait_health(url: str) -> None:
-    async with aiohttp.ClientSession() as s:
-        for _ in range(300):
-            try:
-                async with s.get(url + "/clawproxy/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("proxy did not become healthy")
-
-
 async def _drain(s: aiohttp.ClientSession, proxy: str) -> None:
     """Wait until the recorder has caught up, so one scenario's backlog does not tax the next."""
     for _ in range(600):
@@ -163,7 +146,7 @@ async def main_async(args: argparse.Namespace) -> None:
     py = sys.executable
     up_proc, up_port = _start([py, "-m", "tests.clawproxy.fake_upstream", "--port", "0"], "PORT")
     upstream = f"http://127.0.0.1:{up_port}"
-    pport = _free_port()
+    pport = reserve_port()
     data_dir = tempfile.mkdtemp(prefix="clawproxy-bench-")
     px_proc, _ = _start([py, "-m", "clawproxy.proxy", "--upstream", upstream, "--port", str(pport),
                          "--data-dir", data_dir, "--log-level", "WARNING"],
@@ -177,7 +160,7 @@ async def main_async(args: argparse.Namespace) -> None:
         results.setdefault(k, []).append(v)
 
     try:
-        await _wait_health(proxy)
+        await wait_ok(proxy + "/clawproxy/health")
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
             for url in (direct_url, proxy_url):  # warm up connections and code paths

@@ -26,17 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from _env import ROOT  # noqa: F401  (sets up the environment)
 
 RESET_TABLES = ("trained_samples", "skipped_samples", "train_steps", "checkpoints")
 
@@ -73,6 +68,26 @@ def _value(text: str):
     return v
 
 
+# Trainer options since removed, with the one value the trainer still implements.
+REMOVED = {"truncated": "skip", "loss_norm": "token"}
+
+
+def run_config(run_dir: Path, into: Path) -> Path:
+    """The run's run-config.yaml, less the removed options (a run that used another value of one
+    cannot be replayed as it ran)."""
+    import yaml
+
+    data = yaml.safe_load((run_dir / "run-config.yaml").read_text()) or {}
+    trainer = data.get("trainer") or {}
+    for key, kept in REMOVED.items():
+        if trainer.get(key, kept) != kept:
+            raise SystemExit(f"the run used trainer.{key}={trainer[key]}, which the trainer no longer has")
+        trainer.pop(key, None)
+    path = into / "run-config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def scratch_store(run_dir: Path, into: Path) -> Path:
     """A copy of the run's store with every training record removed (the base model serves)."""
     db = into / "clawproxy.db"
@@ -90,7 +105,7 @@ def scratch_store(run_dir: Path, into: Path) -> Path:
 def greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int) -> list[str]:
     """The oracle baseline's generation (same chat template and system prompt as the benchmark),
     one prompt at a time so no answer depends on another's padding."""
-    from clawproxy.simulate.oracle import generate
+    from oracle import generate
 
     model.eval()
     return [generate(model, tokenizer, [p], max_tokens, sample=False)[0][2] for p in prompts]
@@ -154,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="clawproxy-replay-") as tmp:
         scratch_store(run_dir, Path(tmp))
-        cfg = load_config(run_dir / "run-config.yaml",
+        cfg = load_config(run_config(run_dir, Path(tmp)),
                           {**overrides, "data_dir": tmp, "trainer.max_staleness": 1_000_000})
         t0 = time.perf_counter()
         trainer = Trainer(cfg, Store(cfg.data_path / "clawproxy.db"))

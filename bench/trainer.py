@@ -22,18 +22,13 @@ import json
 import os
 import random
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from _env import ROOT
 
 QUESTIONS = [
     "Explain what a hash table is.",
@@ -173,40 +168,20 @@ def run_baseline(args: argparse.Namespace) -> dict:
             "step_s": sum(times) / len(times), "peak_mb": _peak_mb(args.device)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_engine_publish(args: argparse.Namespace) -> dict:
     """Batch ready -> new weights serving, with a real engine process on the same machine."""
     from clawproxy.config import load_config
     from clawproxy.engine.client import EngineClient
     from clawproxy.engine.model import resolve_model
     from clawproxy.store import Store
+    from tests.clawproxy.engine_proc import engine_process
     from trainer.batch import select_samples
     from trainer.loop import Trainer
 
     base = Path(resolve_model(args.model))
     data = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    port = _free_port()
-    log = open(data / "engine.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--model", str(base), "--port", str(port),
-                             "--data-dir", str(data), "--log-level", "WARNING"]
-                            + (["--threads", str(args.threads)] if args.threads else []),
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((data / "engine.log").read_text()[-2000:]) from None
-                time.sleep(0.5)
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    with engine_process(base, data, *threads, timeout=180.0) as url:
         cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model,
                                  "trainer.batch_size": args.batch_size, "trainer.keep_checkpoints": 2,
                                  "trainer.threads": args.threads})
@@ -225,13 +200,6 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
         return {"mode": "batch ready -> serving (engine)", "batch_to_serving_s": m["batch_to_serving_s"],
                 "train_s": m["train_s"], "save_and_reload_s": m["publish_s"],
                 "gate_s": m["batch_to_serving_s"] - m["train_s"] - m["publish_s"]}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def main() -> None:

@@ -1,36 +1,32 @@
 """The `clawproxy` command line: nouns for groups, verbs for commands (`clawproxy sessions list`).
 
-Heavy parts (torch, the engine, the trainer) are imported inside the commands that need them.
+Each component keeps its commands beside it (sessions_cli.py, judge/cli.py, trainer/cli.py,
+simulate/cli.py); they share options through ``clawproxy.cli_options`` and are attached here, the
+one module that imports them all. A ``ClawproxyError`` from any command becomes a one-line message
+here, in the root group. Heavy parts (torch, the engine, the trainer) load inside the commands.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from clawproxy.config import Config, load_config
+from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options
 from clawproxy.errors import ClawproxyError
-
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
-
-
-def build_config(config_path: str | None, **overrides: Any) -> Config:
-    """Config file + CLI overrides (dotted keys), with errors turned into one-line CLI messages."""
-    try:
-        return load_config(config_path, overrides)
-    except ClawproxyError as e:
-        raise click.ClickException(e.message) from e
+from clawproxy.sessions_cli import openclaw_config, sessions
+from clawproxy.simulate.cli import simulate
+from judge.cli import judge
+from trainer.cli import rollback, stats, train
 
 
-def config_options(f):
-    f = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-                     help="YAML config file (default: configs/default.yaml).")(f)
-    f = click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")(f)
-    return f
+class _Root(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ClawproxyError as e:  # the message already says how to fix it
+            raise click.ClickException(e.message) from e
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+@click.group(cls=_Root, context_settings=CONTEXT_SETTINGS)
 @click.version_option(package_name="clawproxy")
 def main() -> None:
     """clawproxy: personalize a self-hosted LLM just by talking to it."""
@@ -49,7 +45,7 @@ def start(config_path, data_dir, upstream, host, port, model, engine_port, no_ju
     """Run the proxy (and, without --upstream, the embedded engine), the judge and the trainer."""
     cfg = build_config(
         config_path,
-        data_dir=data_dir,
+        data_dir,
         **{
             "proxy.upstream": upstream,
             "proxy.host": host,
@@ -62,24 +58,11 @@ def start(config_path, data_dir, upstream, host, port, model, engine_port, no_ju
     )
     from clawproxy.supervisor import run
 
-    try:
-        run(cfg)
-    except ClawproxyError as e:
-        raise click.ClickException(e.message) from e
+    run(cfg)
 
 
-def _register() -> None:
-    """Attach the command groups that live beside their components."""
-    from clawproxy.sessions_cli import openclaw_config, sessions
-    from clawproxy.simulate.cli import simulate
-    from judge.cli import judge
-    from trainer.cli import rollback, stats, train
-
-    for cmd in (sessions, openclaw_config, judge, train, rollback, stats, simulate):
-        main.add_command(cmd)
-
-
-_register()
+for _cmd in (sessions, openclaw_config, judge, train, rollback, stats, simulate):
+    main.add_command(_cmd)
 
 
 if __name__ == "__main__":

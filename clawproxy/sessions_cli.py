@@ -15,40 +15,23 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from click_default_group import DefaultGroup
 
+from clawproxy.cli_options import CONTEXT_SETTINGS as CTX
+from clawproxy.cli_options import build_config, config_options
 from clawproxy.openclaw import is_ctx
 from clawproxy.openclaw_setup import PROFILES
 from clawproxy.store import Store
 
-CTX = {"help_option_names": ["-h", "--help"]}
-
-
-def _options(f):
-    f = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-                     help="YAML config file (default: configs/default.yaml).")(f)
-    f = click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")(f)
-    return f
-
-
-def _config(config_path: str | None, data_dir: str | None, **overrides: Any):
-    from clawproxy.cli import build_config  # late: clawproxy.cli imports this module
-
-    return build_config(config_path, data_dir=data_dir, **overrides)
-
 
 @contextmanager
 def _open_store(config_path: str | None, data_dir: str | None) -> Iterator[Store]:
-    cfg = _config(config_path, data_dir)
+    cfg = build_config(config_path, data_dir)
     if not cfg.db_path.exists():
         raise click.ClickException(
             f"no store at {cfg.db_path}; run `clawproxy start` first or pass --data-dir."
         )
-    from clawproxy.errors import ClawproxyError
-
-    try:
-        store = Store(cfg.db_path)
-    except ClawproxyError as e:
-        raise click.ClickException(e.message) from e
+    store = Store(cfg.db_path)
     try:
         yield store
     finally:
@@ -120,23 +103,15 @@ def _short(s: str | None, n: int = 80) -> str:
 
 
 # -- sessions ------------------------------------------------------------------------------------
-@click.group(invoke_without_command=True, context_settings=CTX)
-@click.option("-n", "--limit", type=int, default=20, show_default=True, help="Most recent N sessions.")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
-@_options
-@click.pass_context
-def sessions(ctx: click.Context, limit: int, as_json: bool, config_path: str | None,
-             data_dir: str | None) -> None:
-    """Inspect what was collected (alone: list sessions)."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(list_sessions, limit=limit, as_json=as_json, config_path=config_path,
-                   data_dir=data_dir)
+@click.group(cls=DefaultGroup, default="list", default_if_no_args=True, context_settings=CTX)
+def sessions() -> None:
+    """Inspect what was collected (`sessions` alone is `sessions list`, options included)."""
 
 
 @sessions.command("list", context_settings=CTX)
 @click.option("-n", "--limit", type=int, default=20, show_default=True, help="Most recent N sessions.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
-@_options
+@config_options
 def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: str | None) -> None:
     """Sessions, most recent first: turns, trainable turns, mean judge score."""
     with _open_store(config_path, data_dir) as store:
@@ -166,7 +141,7 @@ def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: 
 @sessions.command("show", context_settings=CTX)
 @click.argument("session_id")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
-@_options
+@config_options
 def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str | None) -> None:
     """One session's turns: kind, trainable reason, response and next state."""
     with _open_store(config_path, data_dir) as store:
@@ -254,7 +229,7 @@ def export_record(t: dict[str, Any]) -> dict[str, Any]:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write here instead of stdout.")
 @click.option("--session", "session_id", default=None, help="Only this session.")
-@_options
+@config_options
 def export(out_path: str | None, session_id: str | None, config_path: str | None,
            data_dir: str | None) -> None:
     """JSONL, one line per turn: session_id, turn, timestamp, messages, prompt_text, response_text,
@@ -297,7 +272,7 @@ def export(out_path: str | None, session_id: str | None, config_path: str | None
 @click.argument("session_id", required=False)
 @click.option("--all", "delete_all", is_flag=True, help="Delete every session and turn.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@_options
+@config_options
 def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str | None,
            data_dir: str | None) -> None:
     """Delete a session (or --all) with its turns and judgments, overwriting the freed pages."""
@@ -338,7 +313,7 @@ def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str
 @click.option("--write", "write_to", is_flag=True,
               help="Merge the block into OpenClaw's config ($OPENCLAW_CONFIG_PATH or "
                    "~/.openclaw/openclaw.json), keeping a backup.")
-@_options
+@config_options
 def openclaw_config(port: int | None, host: str | None, model_id: str | None, api_key: str,
                     upstream: str | None, context_window: int | None, max_tokens: int | None,
                     profile: str | None, temperature: float | None, write_to: bool,
@@ -356,7 +331,7 @@ def openclaw_config(port: int | None, host: str | None, model_id: str | None, ap
         write_config,
     )
 
-    cfg = _config(config_path, data_dir, **{"proxy.port": port, "proxy.upstream": upstream})
+    cfg = build_config(config_path, data_dir, **{"proxy.port": port, "proxy.upstream": upstream})
     h = host or cfg.proxy.host
     if h in ("0.0.0.0", "::", ""):
         h = "127.0.0.1"

@@ -29,7 +29,6 @@ from clawproxy.errors import ConfigError
 log = logging.getLogger("clawproxy")
 
 BACKOFF_MAX_S = 30.0
-ENGINE_TOKEN_ENV = "CLAWPROXY_ENGINE_CONTROL_TOKEN"  # read by `python -m clawproxy.engine`
 STOP_GRACE_S = 10.0
 
 
@@ -43,16 +42,13 @@ def _die_with_parent() -> None:
 class Child:
     """One supervised process: started, watched, restarted with backoff, stopped on shutdown."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, health_url: str | None = None,
-                 env: dict[str, str] | None = None):
+    def __init__(self, name: str, argv: list[str], log_path: Path, health_url: str | None = None):
         self.name = name
         self.argv = argv
-        self.env = env  # None: inherit ours
         self.log_path = log_path
         self.health_url = health_url
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
-        self.restarts = 0
         self._stopping = False
         self._task: asyncio.Task | None = None
 
@@ -70,7 +66,7 @@ class Child:
                 logf.write(f"\n==== {time.strftime('%F %T')} starting {self.name}: {' '.join(self.argv)}\n".encode())
                 self.proc = await asyncio.create_subprocess_exec(
                     *self.argv, stdout=logf, stderr=logf, stdin=asyncio.subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent, env=self.env,
+                    preexec_fn=_die_with_parent,
                 )
             log.info("%s started (pid %d), log: %s", self.name, self.proc.pid, self.log_path)
             probe = asyncio.create_task(self._probe(), name=f"probe:{self.name}")
@@ -85,7 +81,6 @@ class Child:
                 return
             if time.monotonic() - started > 60:
                 backoff = 1.0
-            self.restarts += 1
             log.warning("%s exited with code %s; restarting in %.0f s (see %s)",
                         self.name, code, backoff, self.log_path)
             await asyncio.sleep(backoff)
@@ -146,47 +141,37 @@ def _setup_logging(data_dir: Path) -> None:
 
 
 def _write_run_config(cfg: Config) -> Path:
-    """The effective config (file + flags) for the children, so they all see the same settings."""
+    """The effective config (file + flags) that every child starts from, so they all see the same
+    settings. Owner-only: it may hold control tokens, which stay off command lines (`ps` shows them)."""
     import yaml
 
     path = cfg.data_path / "run-config.yaml"
-    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    os.chmod(path, 0o600)
+    data = {**dataclasses.asdict(cfg), "data_dir": str(cfg.data_path)}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # an older file keeps its mode through O_TRUNC
+        yaml.safe_dump(data, f, sort_keys=False)
     return path
 
 
 def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Child]]:
-    """The engine (None with --upstream) and the workers, as argv lists."""
-    py, logs, data = sys.executable, cfg.data_path / "logs", str(cfg.data_path)
+    """The engine (None with --upstream) and the workers, each started from ``run_config``."""
+    py, logs, config = sys.executable, cfg.data_path / "logs", ["--config", str(run_config)]
     engine = None
     if cfg.proxy.upstream is None:
-        e = cfg.engine
-        argv = [py, "-m", "clawproxy.engine", "--model", e.model, "--host", e.host,
-                "--port", str(e.port), "--data-dir", data, "--dtype", e.dtype, "--device", e.device,
-                "--max-model-len", str(e.max_model_len), "--max-batch-size", str(e.max_batch_size),
-                "--default-max-tokens", str(e.default_max_tokens)]
-        if e.served_model_name:
-            argv += ["--served-model-name", e.served_model_name]
-        env = None
-        if e.control_token:  # not on the command line, which every local user can read
-            env = {**os.environ, ENGINE_TOKEN_ENV: e.control_token}
-        engine = Child("engine", argv, logs / "engine.log", f"http://{e.host}:{e.port}/health", env)
+        if cfg.engine.port == 0:
+            raise ConfigError("engine.port 0 (any free port) works only for `python -m clawproxy.engine` "
+                              "alone; give `clawproxy start` a fixed port with --engine-port.")
+        engine = Child("engine", [py, "-m", "clawproxy.engine", *config], logs / "engine.log",
+                       f"{cfg.engine_url}/health")
     cli = [py, "-m", "clawproxy.cli"]
     workers = []
     if cfg.judge.enabled:
-        workers.append(Child("judge", [*cli, "judge", "run", "--follow", "--config", str(run_config),
-                                       "--data-dir", data], logs / "judge.log"))
+        workers.append(Child("judge", [*cli, "judge", "run", "--follow", *config], logs / "judge.log"))
     if cfg.trainer.enabled:
-        workers.append(Child("trainer", [*cli, "train", "--follow", "--config", str(run_config),
-                                         "--data-dir", data, "--engine-url", engine_url(cfg)],
+        workers.append(Child("trainer", [*cli, "train", "--follow", *config, "--engine-url", cfg.engine_url],
                              logs / "trainer.log"))
     return engine, workers
-
-
-def engine_url(cfg: Config) -> str:
-    if cfg.proxy.upstream is not None:
-        return cfg.proxy.upstream
-    return f"http://{cfg.engine.host}:{cfg.engine.port}"
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -227,7 +212,7 @@ async def _main(cfg: Config) -> None:
     engine, workers = build_children(cfg, run_config)
     if engine is not None:
         _check_port_free(cfg.engine.host, cfg.engine.port)
-    proxy_cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, upstream=engine_url(cfg)))
+    proxy_cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, upstream=cfg.engine_url))
     ready: Callable[[], bool] | None = engine.is_ready if engine else None
 
     stop = asyncio.Event()
@@ -250,7 +235,7 @@ async def _main(cfg: Config) -> None:
         if engine is not None:
             engine.start()
         url = f"http://{cfg.proxy.host}:{cfg.proxy.port}/v1"
-        log.info("proxy listening on %s -> %s (data: %s)", url, engine_url(cfg), data)
+        log.info("proxy listening on %s -> %s (data: %s)", url, cfg.engine_url, data)
         if engine is not None:
             waiter = asyncio.create_task(engine.ready.wait(), name="wait:engine-ready")
             stopper = asyncio.create_task(stop.wait(), name="wait:stop")

@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 
 import click
 
-from clawproxy.errors import ClawproxyError
-
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
-EVAL_VOTERS = ("embedding", "lexical", "llm")
-
-
-def _config(config_path: str | None, **overrides):
-    from clawproxy.cli import build_config
-
-    return build_config(config_path, **overrides)
+from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options, progress
+from judge.config import VOTERS
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)
@@ -31,23 +22,19 @@ def judge() -> None:
 
 
 @judge.command(context_settings=CONTEXT_SETTINGS)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config file (default: configs/default.yaml).")
-@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@config_options
 @click.option("--follow", is_flag=True, help="Keep polling for new turns until SIGTERM/Ctrl-C.")
 @click.option("-n", "--limit", type=int, default=None, help="Stop after judging this many turns.")
-@click.option("--voter", type=click.Choice(EVAL_VOTERS), default=None, help="Override judge.voter.")
+@click.option("--voter", type=click.Choice(VOTERS), default=None, help="Override judge.voter.")
 @click.option("--votes", type=int, default=None, help="Override judge.votes (m).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
     """Judge every trainable main turn that has a next state and no judgment yet."""
-    from tqdm import tqdm
-
     from clawproxy.store import Store
     from judge.voters import build_voter
     from judge.worker import Worker, pending_count
 
-    cfg = _config(config_path, data_dir=data_dir, **{"judge.voter": voter, "judge.votes": votes})
+    cfg = build_config(config_path, data_dir, **{"judge.voter": voter, "judge.votes": votes})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s judge %(levelname)s %(message)s")
     stop = threading.Event()
 
@@ -55,33 +42,26 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
         stop.set()
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    store = None
     try:
         store = Store(cfg.db_path)
         worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size)
-    except ClawproxyError as e:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        raise click.ClickException(e.message) from e
-    total = None if follow else pending_count(store)
-    if limit is not None and total is not None:
-        total = min(total, limit)
-    # Under `clawproxy start` stderr is a log file, not a terminal: log lines instead of a bar.
-    bar = tqdm(total=total, desc=f"judging ({worker.voter.name}, m={worker.votes})", unit="turn",
-               disable=no_progress or not sys.stderr.isatty(), file=sys.stderr, dynamic_ncols=True)
-    try:
-        n = worker.run(follow, cfg.judge.poll_interval_s, stop, limit=limit, progress=bar.update)
+        total = None if follow else pending_count(store)
+        if limit is not None and total is not None:
+            total = min(total, limit)
+        with progress(f"judging ({worker.voter.name}, m={worker.votes})", total, no_progress) as advance:
+            n = worker.run(follow, cfg.judge.poll_interval_s, stop, limit=limit, progress=advance)
     finally:
-        bar.close()
-        store.close()
+        if store is not None:
+            store.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     click.echo(f"judged {n} turn(s) into {cfg.db_path}")
 
 
 @judge.command("eval", context_settings=CONTEXT_SETTINGS)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config file (for judge.votes and the LLM voter's endpoint).")
-@click.option("--voter", "voters", type=click.Choice(EVAL_VOTERS), multiple=True,
+@config_options
+@click.option("--voter", "voters", type=click.Choice(VOTERS), multiple=True,
               help="Voter(s) to score (repeatable; default: embedding and lexical, plus llm when "
                    "--llm-url or --local-model is given).")
 @click.option("--split", type=click.Choice(["heldout", "train", "all"]), default="heldout",
@@ -91,7 +71,6 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
 @click.option("--llm-model", default=None, help="Model name for the llm voter.")
 @click.option("--local-model", default=None,
               help="Run the llm voter in-process with transformers on this model ('default' = the 135M).")
-@click.option("--data-dir", default=None, help="Where --local-model caches a converted model.")
 @click.option("-n", "--limit", type=int, default=None, help="Only the first N cases (quick looks).")
 @click.option("--stride", type=int, default=1, show_default=True,
               help="Every K-th case only: a spread-out subset for slow voters (e.g. a CPU LLM).")
@@ -102,13 +81,12 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
     """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases."""
     import orjson
     from rich.console import Console
-    from tqdm import tqdm
 
     from judge.eval.dataset import load_cases
     from judge.eval.evaluate import evaluate, render
     from judge.voters import build_voter
 
-    cfg = _config(config_path, data_dir=data_dir, **{"judge.votes": votes, "judge.llm_url": llm_url,
+    cfg = build_config(config_path, data_dir, **{"judge.votes": votes, "judge.llm_url": llm_url,
                                                      "judge.llm_model": llm_model})
     if not voters:
         voters = ("embedding", "lexical") + (("llm",) if (llm_url or local_model) else ())
@@ -127,9 +105,8 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
                                   max_tokens=cfg.judge.llm_max_tokens)
         else:
             voter = build_voter(cfg, name)
-        with tqdm(total=len(cases), desc=f"eval {name}", unit="case", file=sys.stderr,
-                  disable=as_json) as bar:
-            report = evaluate(voter, cases, cfg.judge.votes, split, progress=bar.update)
+        with progress(f"eval {name}", len(cases), disable=as_json) as advance:
+            report = evaluate(voter, cases, cfg.judge.votes, split, progress=advance)
         reports.append(report)
         if not as_json:
             render(report, console, show_errors=show_errors)

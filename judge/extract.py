@@ -4,8 +4,7 @@ A turns row stores messages exactly as OpenClaw sent them, which hides the user'
 wire furniture: a transient ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` user message at the end of
 every call, a ``[Sun 2026-11-29 23:01 UTC] `` timestamp prefix, a ``Runtime: agent=...`` line on the
 first message, and content that may be a string or a list of ``{type: text}`` parts. The judge
-needs the user's real text (defect 7 of the published system: its judge never saw the request),
-so this module peels all of that off, for the request and for the next state alike.
+needs the user's real text (a verdict on the reply without the request is a guess), so this module peels all of that off, for the request and for the next state alike.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from clawproxy.config import strip_v1
 from judge.extract import JudgeInput
 from judge.hints import feedback_hint
 from judge.lexical import cues, lexical_score, tool_failed
@@ -221,8 +222,7 @@ class LLMVoter:
 
     def __init__(self, base_url: str, model: str | None = None, temperature: float = 0.7,
                  max_tokens: int = 200, timeout_s: float = 120.0, api_key: str | None = None) -> None:
-        base = base_url.rstrip("/")
-        self.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.base_url = strip_v1(base_url)
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -288,7 +288,7 @@ def build_voter(cfg: Any, name: str | None = None) -> Voter:
     if name == "lexical":
         return LexicalVoter()
     if name == "llm":
-        url = cfg.judge.llm_url or cfg.proxy.upstream or f"http://{cfg.engine.host}:{cfg.engine.port}"
+        url = cfg.judge.llm_url or cfg.engine_url
         return LLMVoter(url, cfg.judge.llm_model, cfg.judge.temperature,
                         max_tokens=cfg.judge.llm_max_tokens, timeout_s=cfg.judge.llm_timeout_s)
     raise ValueError(f"unknown voter {name!r}: use embedding, llm or lexical")

@@ -11,13 +11,8 @@ from typing import Any
 
 import click
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
-
-
-def _config(config_path: str | None, data_dir: str | None, **overrides: Any):
-    from clawproxy.cli import build_config
-
-    return build_config(config_path, data_dir=data_dir, **overrides)
+from clawproxy.cli_options import CONTEXT_SETTINGS as CONTEXT
+from clawproxy.cli_options import build_config, config_options
 
 
 def _engine(cfg: Any, engine_url: str | None, store: Any = None):
@@ -53,9 +48,7 @@ def _format_step(r: Any) -> str:
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config file (default: configs/default.yaml).")
-@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@config_options
 @click.option("--engine-url", default=None,
               help="Engine to publish to (e.g. http://127.0.0.1:8081). Without it checkpoints are "
                    "written and recorded but nothing is reloaded.")
@@ -80,7 +73,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = _config(config_path, data_dir, **{"trainer.method": method, "trainer.finetune": finetune,
+    cfg = build_config(config_path, data_dir, **{"trainer.method": method, "trainer.finetune": finetune,
                                             "trainer.batch_size": batch_size, "trainer.threads": threads})
     console = Console(highlight=False)
     store = Store(cfg.db_path)
@@ -103,7 +96,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
                               on_step=lambda r: console.print(_format_step(r)), on_wait=on_wait)
     except ClawproxyError as e:
         store.log_event("trainer_error", {"error": e.message})
-        raise click.ClickException(e.message) from e
+        raise
     except Exception as e:
         store.log_event("trainer_error", {"error": repr(e)})
         raise
@@ -115,9 +108,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
 
 @click.command(context_settings=CONTEXT)
 @click.argument("version", type=int, required=False)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config file (default: configs/default.yaml).")
-@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@config_options
 @click.option("--engine-url", default=None,
               help="Engine to reload (default: proxy.upstream, else engine.host:engine.port).")
 @click.option("--no-engine", is_flag=True, help="Only record the rollback; the engine picks it up later.")
@@ -133,16 +124,17 @@ def rollback(version, config_path, data_dir, engine_url, no_engine) -> None:
     from trainer.checkpoints import rollback as do_rollback
     from trainer.loop import local_model_dir
 
-    cfg = _config(config_path, data_dir)
+    cfg = build_config(config_path, data_dir)
     store = Store(cfg.db_path)
     try:
-        default_url = cfg.proxy.upstream or f"http://{cfg.engine.host}:{cfg.engine.port}"
-        url = None if no_engine else (engine_url or default_url)
+        url = None if no_engine else (engine_url or cfg.engine_url)
         engine = _engine(cfg, url, store)
         base_dir = local_model_dir(resolve_model(cfg.engine.model, cfg.data_path))
         new, source = do_rollback(store, engine, base_dir, version)
     except ClawproxyError as e:
-        raise click.ClickException(e.message + ("" if no_engine else " (is the engine running? --engine-url, or --no-engine)")) from e
+        if no_engine:
+            raise
+        raise type(e)(f"{e.message} (is the engine running? --engine-url, or --no-engine)", status=e.status) from e
     finally:
         store.close()
     click.echo(f"now serving v{new} = the weights of v{source.version} ({source.path})")
@@ -233,9 +225,7 @@ def plot_stats(data: dict[str, Any], path: str) -> None:
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config file (default: configs/default.yaml).")
-@click.option("--data-dir", default=None, help="Data directory (default ./clawproxy-data).")
+@config_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also write a PNG: mean judge score and samples trained per weight version.")
@@ -246,7 +236,7 @@ def stats(config_path, data_dir, as_json, plot_path) -> None:
 
     from clawproxy.store import Store
 
-    cfg = _config(config_path, data_dir)
+    cfg = build_config(config_path, data_dir)
     store = Store(cfg.db_path)
     try:
         data = collect_stats(store)

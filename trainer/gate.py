@@ -91,8 +91,10 @@ def canary_reference(
     """
     from trl.models.utils import unwrap_model_for_generation
 
+    from clawproxy.engine.model import eos_token_ids
+
     device = accelerator.device
-    eos = _eos_ids(tokenizer)
+    eos = eos_token_ids(model, tokenizer)
     prompts = canary_prompt_ids(tokenizer, cfg.canary_prompts)
     was_training = model.training
     model.eval()
@@ -118,15 +120,6 @@ def canary_reference(
     finally:
         model.train(was_training)
     return CanaryReference(version, prompts, outputs, logprobs, degenerate)
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return ids
 
 
 def _params_finite(model: torch.nn.Module) -> tuple[bool, str | None]:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from clawproxy.config import Config
+from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import EngineError
 from clawproxy.store import Store, dumps
 from trainer import gate
@@ -57,7 +58,6 @@ from trainer.losses import (
     make_token_batch,
     pad_floats,
     ppo_clipped_loss,
-    sequence_weights,
 )
 from trainer.policy import (
     TEACHER_ADAPTER,
@@ -314,7 +314,6 @@ class Trainer:
             loss, st = ppo_clipped_loss(
                 logps, behaviour, adv, mask, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                 num_tokens=num_tokens, ref_logps=ref_logps, kl_coef=cfg.kl_coef,
-                token_weights=sequence_weights(mask, len(samples)) if cfg.loss_norm == "sequence" else None,
             )
             acc.backward(loss * weight * world)  # DDP/FSDP average gradients over processes
             n = float(mask.sum()) * weight
@@ -491,8 +490,8 @@ class Trainer:
                 nested.rmdir()
         else:
             # written in the engine's dtype: fp32 master weights would double the checkpoint size
-            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.cfg.engine.dtype)
-            if dtype is not None:
+            if self.cfg.engine.dtype != "float32":
+                dtype = torch_dtype(self.cfg.engine.dtype)
                 state_dict = {k: v.to(dtype) for k, v in (state_dict or model.state_dict()).items()}
             model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(str(tmp))

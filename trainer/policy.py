@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import ConfigError
 from trainer.checkpoints import Version
 from trainer.config import TrainerConfig
@@ -54,10 +55,6 @@ def load_tokenizer(base_dir: Path) -> Any:
     return tok
 
 
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.nn.Module:
     """Load the weights the engine is serving (``current``) as a trainable model."""
     from transformers import AutoModelForCausalLM
@@ -67,10 +64,10 @@ def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.n
         if current.lora:  # switching from LoRA to full: start from base + adapter, merged
             from peft import PeftModel
 
-            base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=_dtype(cfg.dtype))
+            base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype(cfg.dtype))
             model = PeftModel.from_pretrained(base, str(current.path)).merge_and_unload()
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(current.path), dtype=_dtype(cfg.dtype))
+            model = AutoModelForCausalLM.from_pretrained(str(current.path), dtype=torch_dtype(cfg.dtype))
     else:
         if current.version > 0 and not current.lora:
             raise ConfigError(
@@ -79,7 +76,7 @@ def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.n
             )
         from peft import LoraConfig, get_peft_model
 
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=_dtype(cfg.dtype))
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype(cfg.dtype))
         targets: Any = cfg.lora_target_modules
         if targets != "all-linear":
             targets = [t.strip() for t in targets.split(",") if t.strip()]
@@ -147,10 +144,6 @@ def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path, 
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
         if missing or unexpected:
             raise ConfigError(f"v{version.version} does not match the model: missing={missing[:3]} unexpected={unexpected[:3]}")
-
-
-def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 class Teacher:

@@ -1,51 +1,48 @@
 """``python -m clawproxy.engine``: run the embedded engine (what ``clawproxy start`` spawns).
 
-    python -m clawproxy.engine --model default --host 127.0.0.1 --port 8081 --data-dir ./clawproxy-data
+    python -m clawproxy.engine --config <data_dir>/run-config.yaml       # as `clawproxy start` does
+    python -m clawproxy.engine --model default --port 8081                # alone
 
-Defaults come from ``EngineConfig`` so the flags and the YAML config agree.
+Settings come from the config's ``engine`` section (``EngineConfig``); each of its fields is also a
+flag (``--max-batch-size 4``) that overrides the file, validated like the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from pathlib import Path
 
-from clawproxy.config import EngineConfig
+from clawproxy.config import Config, EngineConfig, load_config
 from clawproxy.errors import ClawproxyError
+
+# engine.kind tells the trainer which engine it drives; the engine itself never reads it
+FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "kind"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    d = EngineConfig()
     p = argparse.ArgumentParser(prog="python -m clawproxy.engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d.model, help="'default', a HF id, a local dir or a .gguf file")
-    p.add_argument("--host", default=d.host, help="bind address (loopback by default)")
-    p.add_argument("--port", type=int, default=d.port, help="port (0: pick a free one and print it)")
-    p.add_argument("--data-dir", default="./clawproxy-data", help="where converted models are cached")
-    p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--control-token",
-                   default=os.environ.get("CLAWPROXY_ENGINE_CONTROL_TOKEN") or d.control_token,
-                   help="bearer token required for control verbs (needed off loopback); "
-                        "default: $CLAWPROXY_ENGINE_CONTROL_TOKEN, which `clawproxy start` sets")
-    p.add_argument("--served-model-name", default=d.served_model_name)
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
-                   help="max_tokens when a request gives none (0: fill the context like vLLM)")
-    p.add_argument("--logprobs-mode", default="raw_logprobs",
-                   choices=["raw_logprobs", "processed_logprobs"],
-                   help="raw: log_softmax of raw logits (vLLM's default); processed: after "
-                        "temperature and top_p")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: half the CPUs, see core.default_threads)")
-    p.add_argument("--prefix-cache-entries", type=int, default=4,
-                   help="finished sequences whose KV is kept for reuse by later prompts (0: off)")
-    p.add_argument("--weight-version", type=int, default=0, help="version of the weights at start")
+    p.add_argument("--config", default=None,
+                   help="YAML config (default: configs/default.yaml); `clawproxy start` passes its run-config.yaml")
+    p.add_argument("--data-dir", default=None, help="where converted models are cached (overrides data_dir)")
+    for f in FLAGS:
+        p.add_argument(_flag(f.name), dest=f.name, default=None, help=f.metadata["description"])
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The config file's settings with the given flags on top (strings: the config edge parses them)."""
+    overrides = {f"engine.{f.name}": getattr(args, f.name) for f in FLAGS}
+    return load_config(args.config, {"data_dir": args.data_dir, **overrides})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("clawproxy.engine")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        cfg = config_from_args(args)
+        e, data = cfg.engine, str(cfg.data_path)
         from aiohttp import web
 
         from clawproxy.engine.core import Engine
@@ -65,32 +64,31 @@ def main(argv: list[str] | None = None) -> int:
         )
         from clawproxy.engine.server import ServerSettings, create_app
 
-        root = resolve_model(args.model, args.data_dir)
-        model, tokenizer = load_model_and_tokenizer(str(root), args.data_dir, args.dtype, args.device)
-        config_len = getattr(model.config, "max_position_embeddings", None) or args.max_model_len
-        max_len = min(args.max_model_len, config_len)
-        engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, max_model_len=max_len,
-                        logprobs_mode=args.logprobs_mode, threads=args.threads,
-                        weight_version=args.weight_version,
+        root = resolve_model(e.model, data)
+        model, tokenizer = load_model_and_tokenizer(str(root), data, e.dtype, e.device)
+        config_len = getattr(model.config, "max_position_embeddings", None) or e.max_model_len
+        max_len = min(e.max_model_len, config_len)
+        engine = Engine(model, tokenizer, max_batch_size=e.max_batch_size, max_model_len=max_len,
+                        logprobs_mode=e.logprobs_mode, threads=e.threads,
                         base_path=root if Path(str(root)).is_dir() else None,
-                        prefix_cache_entries=args.prefix_cache_entries)
-        name = args.served_model_name or (
-            DEFAULT_MODEL_NAME if args.model in ("default", "") else Path(str(args.model)).name
+                        prefix_cache_entries=e.prefix_cache_entries)
+        name = e.served_model_name or (
+            DEFAULT_MODEL_NAME if e.model in ("default", "") else Path(str(e.model)).name
         )
         settings = ServerSettings(
             served_model_name=name,
             model_root=str(root),
             max_model_len=max_len,
-            default_max_tokens=args.default_max_tokens or None,
-            control_token=args.control_token,
+            default_max_tokens=e.default_max_tokens or None,
+            control_token=e.control_token,
             sampling_defaults=sampling_defaults(root if Path(str(root)).is_dir() else None),
         )
     except ClawproxyError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2
-    if not args.control_token and args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("bound to %s without --control-token: control verbs answer loopback clients only",
-                    args.host)
+    if not e.control_token and e.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("bound to %s without engine.control_token: control verbs answer loopback clients only",
+                    e.host)
     app = create_app(engine, settings)
 
     def announce(message: str) -> None:
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # shutdown_timeout: on SIGTERM the on_shutdown hook has already ended generations (finish_reason
     # "abort", then [DONE]); do not wait aiohttp's default minute for idle connections.
-    web.run_app(app, host=args.host, port=args.port, print=announce, access_log=None,
+    web.run_app(app, host=e.host, port=e.port, print=announce, access_log=None,
                 handle_signals=True, shutdown_timeout=2)
     return 0
 

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from clawproxy.engine import weights as weights_mod
+from clawproxy.engine.model import eos_token_ids
 from clawproxy.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class Engine:
         self.logprobs_mode = logprobs_mode
         self.threads = threads or default_threads()
         self.device = next(model.parameters()).device
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
         self._version = weight_version
         self._reference = {k: v for k, v in model.state_dict().items()}
         # LoRA adapters merge into the base weights: re-read (memory-mapped) from the model's
@@ -575,12 +576,8 @@ def _has_safetensors(path: Path) -> bool:
 
 
 def default_threads() -> int:
-    """Half the CPUs (at least one).
-
-    The engine shares the machine with the proxy, the judge and the trainer. Measured on the
-    2-core dev box under that load: a decode step took 0.63 s with 2 intra-op threads and 0.087 s
-    with 1, because every OpenMP barrier waits for a thread the OS has descheduled.
-    """
+    """Half the CPUs (at least one): the engine shares them with the proxy, the judge and the
+    trainer, and an OpenMP barrier waits for any thread the OS has descheduled."""
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
@@ -644,12 +641,3 @@ def _partial_len(text: str, stop: str) -> int:
     return 0
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    gen = getattr(model, "generation_config", None)
-    for src in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, list | tuple):
-            ids.update(int(x) for x in src)
-    return ids

@@ -149,9 +149,31 @@ def resolve_model(spec: str, data_dir: str | os.PathLike | None = None) -> Path 
 
 
 def torch_dtype(name: str) -> Any:
+    """The torch dtype of a config dtype name (engine.dtype, trainer.dtype)."""
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+# Chat models end a turn with one of these even where the tokenizer names another EOS.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends an answer: the generation config's, the tokenizer's EOS, and the chat
+    end-of-turn tokens the vocabulary has (the engine stops on them, the gate cuts canaries there)."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, list | tuple):
+            ids.update(int(x) for x in src)
+    for tok in END_OF_TURN_TOKENS:
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return ids
 
 
 def load_model_and_tokenizer(

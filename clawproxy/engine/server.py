@@ -5,7 +5,7 @@ Wire shapes follow vLLM's OpenAI server (``vllm/entrypoints/openai/chat_completi
 - streamed chunks: a first chunk with ``delta: {"role": "assistant", "content": ""}``, then one
   chunk per decode step, the last with ``finish_reason``; with
   ``stream_options.include_usage`` a final ``choices: []`` chunk carrying ``usage``; then
-  ``data: [DONE]`` (WIRE.md §3.2 is what OpenClaw needs of it);
+  ``data: [DONE]`` (docs/openclaw-wire.md §3.2 is what OpenClaw needs of it);
 - ``return_token_ids: true`` (vLLM >= 0.10.2): top-level ``prompt_token_ids`` (in the first chunk
   when streaming) and ``choices[i].token_ids`` (the step's completion ids per chunk when
   streaming, all of them otherwise);

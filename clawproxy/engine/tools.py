@@ -184,7 +184,7 @@ class ToolCallStreamParser:
 
     Text that could be the start of ``<tool_call>`` is held back until it is decided. A call's
     first delta carries ``id``, ``type`` and ``function.name`` with empty ``arguments``; the next
-    carries the arguments (WIRE.md §3.2: OpenClaw wants id and name first, ``"{}"`` for no args).
+    carries the arguments (docs/openclaw-wire.md §3.2: OpenClaw wants id and name first, ``"{}"`` for no args).
     A block that never parses as a call is returned as ordinary content.
     """
 

@@ -7,8 +7,8 @@ affinity headers (``session_id`` / ``x-session-affinity`` / ``x-client-request-i
 answer is the next user message, so it becomes that assistant turn's next state; a conversation's
 last answer gets its reaction in a short closing call (whose own answer is not an interaction).
 
-Measurement requests go elsewhere: ``answer_heldout`` asks the engine directly (or the proxy with
-``X-Clawproxy-Eval: 1`` and a session of their own) greedily, so they are never trained on.
+Measurement requests go elsewhere: ``answer_heldout`` asks the engine directly (or the proxy, each
+in a session of its own) greedily, so they are never trained on.
 """
 
 from __future__ import annotations
@@ -199,8 +199,8 @@ async def answer_heldout(http: aiohttp.ClientSession, base_url: str, prompts: li
                          ) -> list[Completion]:
     """Greedy answers to the held-out prompts from the currently served weights, concurrently.
 
-    ``via_proxy``: the URL is the proxy; the requests carry ``X-Clawproxy-Eval: 1`` and a session
-    id of their own so the proxy records them as side turns, never trained on.
+    ``via_proxy``: the URL is the proxy; each request has a session id of its own, so its turn never
+    gets a next state and is never judged or trained on.
     """
     url = v1(base_url) + "/chat/completions"
     sid = f"sim-eval-{uuid.uuid4()}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import held_port
 
 
 @contextlib.contextmanager
 def engine_process(model_dir: Path, data_dir: Path, *extra: str, timeout: float = 90.0) -> Iterator[str]:
     """Start ``python -m clawproxy.engine``; yield its base URL once /health answers 200."""
-    port = free_port()
+    with held_port() as port:
+        yield from _engine_on(port, model_dir, data_dir, extra, timeout)
+
+
+def _engine_on(port: int, model_dir: Path, data_dir: Path, extra: tuple[str, ...], timeout: float) -> Iterator[str]:
     log_path = data_dir / f"engine-{port}.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -24,17 +24,67 @@ def test_yaml_exponent_without_dot_is_a_number(tmp_path):
     assert cfg.trainer.learning_rate == pytest.approx(1e-5) and cfg.proxy.port == 8090
 
 
-@pytest.mark.parametrize("yaml_text, key", [
-    ("proxy:\n  port: 80a\n", "config.proxy.port"),
-    ("sessions:\n  idle_timeout_s: soon\n", "config.sessions.idle_timeout_s"),
-    ("proxy:\n  record_tokens: maybe\n", "config.proxy.record_tokens"),
+@pytest.mark.parametrize("yaml_text, says", [
+    # wrong types
+    ("proxy:\n  port: 80a\n", ["proxy.port", "valid integer", "= '80a'"]),
+    ("sessions:\n  idle_timeout_s: soon\n", ["sessions.idle_timeout_s", "valid number"]),
+    ("proxy:\n  record_tokens: maybe\n", ["proxy.record_tokens", "valid boolean"]),
+    ("trainer:\n  canary_prompts: What is 2+2?\n", ["trainer.canary_prompts", "valid list"]),
+    ("trainer:\n  batch_size: 2.5\n", ["trainer.batch_size", "valid integer"]),
+    ("proxy: 8080\n", ["proxy", "dictionary"]),
+    # out of range
+    ("engine:\n  port: -5\n", ["engine.port", "Engine port", "greater than or equal to 0", "= -5"]),
+    ("proxy:\n  port: 70000\n", ["proxy.port", "less than or equal to 65535"]),
+    ("engine:\n  max_batch_size: 0\n", ["engine.max_batch_size", "greater than or equal to 1"]),
+    ("judge:\n  temperature: 3\n", ["judge.temperature", "less than or equal to 2"]),
+    ("trainer:\n  learning_rate: 0\n", ["trainer.learning_rate", "greater than 0"]),
+    ("trainer:\n  canary_prompts: []\n", ["trainer.canary_prompts", "at least 1 item"]),
+    # not one of the choices, or an option that no longer exists
+    ("engine:\n  dtype: fp8\n", ["engine.dtype", "'float32', 'bfloat16' or 'float16'"]),
+    ("trainer:\n  method: ppo\n", ["trainer.method", "'rl', 'opd' or 'combined'"]),
+    ("trainer:\n  truncated: negative\n", ["unknown config key trainer.truncated", "batch_size"]),
+    ("trainer:\n  loss_norm: sequence\n", ["unknown config key trainer.loss_norm"]),
+    # unknown keys, at the top and in a section
+    ("proxi:\n  port: 1\n", ["unknown config key proxi", "proxy, sessions, engine"]),
+    ("judge:\n  vote: 3\n", ["unknown config key judge.vote", "votes"]),
 ])
-def test_wrong_type_names_the_key(tmp_path, yaml_text, key):
+def test_bad_value_is_refused_with_what_to_change(tmp_path, yaml_text, says):
     p = tmp_path / "c.yaml"
     p.write_text(yaml_text)
     with pytest.raises(ConfigError) as e:
         load_config(p)
-    assert key in e.value.message
+    for part in says:
+        assert part in e.value.message, e.value.message
+
+
+def test_flag_values_are_validated_like_the_file():
+    with pytest.raises(ConfigError, match="engine.port"):
+        load_config(None, {"engine.port": -5})
+
+
+def test_every_field_has_help_text():
+    import dataclasses
+
+    from clawproxy.config import Config
+
+    def walk(cls):
+        for f in dataclasses.fields(cls):
+            sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            if sub is not None and dataclasses.is_dataclass(sub):
+                yield from walk(sub)
+            else:
+                yield cls.__name__, f
+
+    missing = [f"{c}.{f.name}" for c, f in walk(Config) if not f.metadata.get("description")]
+    assert missing == []
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")):
+        if not path.name.startswith("accelerate_"):
+            load_config(path)
 
 
 def test_upstream_with_credentials_is_refused():

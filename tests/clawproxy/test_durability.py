@@ -15,8 +15,8 @@ import aiohttp
 
 from clawproxy.store import Store
 from tests.clawproxy.fake_upstream import FakeUpstream
-from tests.clawproxy.test_errors import _free_port
 from tests.clawproxy.test_proxy_forwarding import _body
+from tests.net import held_port, wait_ok
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,41 +72,32 @@ async def test_spool_replayed_on_next_start(make_rig, tmp_path):
 async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
     fake = FakeUpstream()
     up = await aiohttp_server(fake.app())
-    port = _free_port()
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clawproxy.proxy", "--upstream", str(up.make_url("")).rstrip("/"),
-         "--port", str(port), "--data-dir", str(data), "--log-level", "WARNING"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    async with client.get(base + "/clawproxy/health") as r:
-                        if r.status == 200:
+    with held_port() as port:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clawproxy.proxy", "--upstream", str(up.make_url("")).rstrip("/"),
+             "--port", str(port), "--data-dir", str(data), "--log-level", "WARNING"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession() as client:
+                await wait_ok(base + "/clawproxy/health", 30, proc)
+                async with client.post(base + "/v1/chat/completions", json=_body("remember me"),
+                                       headers={"session_id": "kill:0"}) as r:
+                    assert r.status == 200
+                    assert b"pong: remember me" in await r.read()
+                for _ in range(100):
+                    async with client.get(base + "/clawproxy/stats") as r:
+                        if (await r.json())["turns_recorded"] == 1:
                             break
-                except aiohttp.ClientError:
-                    pass
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
-                await asyncio.sleep(0.1)
-            async with client.post(base + "/v1/chat/completions", json=_body("remember me"),
-                                   headers={"session_id": "kill:0"}) as r:
-                assert r.status == 200
-                assert b"pong: remember me" in await r.read()
-            for _ in range(100):
-                async with client.get(base + "/clawproxy/stats") as r:
-                    if (await r.json())["turns_recorded"] == 1:
-                        break
-                await asyncio.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+                    await asyncio.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
     st = Store(data / "clawproxy.db")
     try:
         [t] = st.query("SELECT * FROM turns")

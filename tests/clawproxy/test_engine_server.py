@@ -274,15 +274,23 @@ def test_prefix_cache_reuse_is_exact(engine_url, tiny):
 def test_pause_wait_drains_in_flight_requests_first(engine_url):
     client = EngineClient(engine_url)
     got = threading.Event()
+    arrived: list[float] = []
+
+    def on_chunk(chunk: dict) -> None:
+        arrived.append(time.monotonic())
+        got.set()
+
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(stream_chat, engine_url,
-                              {"messages": MSGS, "max_tokens": 60, "temperature": 0},
-                              lambda c: got.set())
+                              {"messages": MSGS, "max_tokens": 300, "temperature": 0}, on_chunk)
         assert got.wait(30)
+        asked = time.monotonic()
         client.pause("wait")
         # Still paused, yet the running request completes: wait drained it instead of freezing it.
         chunks, done, _ = running.result(30)
         assert done and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        # the request was still decoding when the pause was asked for (not finished before it)
+        assert sum(t > asked for t in arrived) >= 2
         assert client.is_paused()
         client.resume()
     assert chat(engine_url, {"messages": MSGS, "max_tokens": 2}).status_code == 200

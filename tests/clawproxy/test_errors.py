@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import orjson
 
 from tests.clawproxy.test_proxy_forwarding import _body
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import held_port
 
 
 def _is_openai_error(raw: bytes) -> dict:
@@ -25,20 +19,22 @@ def _is_openai_error(raw: bytes) -> dict:
 
 
 async def test_upstream_down_is_502_and_recorded(make_rig):
-    rig = await make_rig(upstream=f"http://127.0.0.1:{_free_port()}")
-    status, _, raw = await rig.chat(_body(), {"x-session-id": "down"})
-    assert status == 502
-    assert _is_openai_error(raw)["type"] == "upstream_error"
-    async with rig.client.get(rig.url + "/v1/models") as r:
-        assert r.status == 502
+    with held_port() as dead:  # bound, never listening: connections are refused
+        rig = await make_rig(upstream=f"http://127.0.0.1:{dead}")
+        status, _, raw = await rig.chat(_body(), {"x-session-id": "down"})
+        assert status == 502
+        assert _is_openai_error(raw)["type"] == "upstream_error"
+        async with rig.client.get(rig.url + "/v1/models") as r:
+            assert r.status == 502
     await rig.wait_recorded(1)
     [t] = rig.turns()
     assert (t["status"], t["http_status"], t["reason"], t["trainable"]) == ("error", 502, "error", 0)
 
 
 async def test_engine_restarting_is_503_with_retry_after(make_rig):
-    rig = await make_rig(upstream=f"http://127.0.0.1:{_free_port()}", upstream_ready=lambda: False)
-    status, headers, raw = await rig.chat(_body())
+    with held_port() as dead:
+        rig = await make_rig(upstream=f"http://127.0.0.1:{dead}", upstream_ready=lambda: False)
+        status, headers, raw = await rig.chat(_body())
     assert status == 503 and headers["Retry-After"] == "1"
     _is_openai_error(raw)
 

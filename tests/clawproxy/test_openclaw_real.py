@@ -6,6 +6,7 @@ own HOME and state dir, against real `clawproxy start` processes on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ from click.testing import CliRunner
 
 from clawproxy.cli import main
 from clawproxy.store import Store
-from tests.clawproxy.test_supervisor import free_port, wait_http
+from tests.clawproxy.test_supervisor import wait_http
+from tests.net import held_port
 from tests.openclaw_client import OpenClaw, ensure_openclaw
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,20 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def openclaw() -> OpenClaw:
     return ensure_openclaw()
+
+
+_held = contextlib.ExitStack()
+
+
+def free_port() -> int:
+    """A loopback port held (bound, not listening) until the test ends; servers can still take it."""
+    return _held.enter_context(held_port())
+
+
+@pytest.fixture(autouse=True)
+def _release_ports():
+    yield
+    _held.close()
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:

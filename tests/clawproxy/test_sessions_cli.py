@@ -88,29 +88,27 @@ def test_missing_store_is_a_clear_error(tmp_path):
 def vllm_url():
     """A fake vLLM on loopback serving Qwen/Qwen3-4B with a 4096-token context."""
     import asyncio
-    import socket
     import threading
 
     from aiohttp import web
 
     from tests.fakes.fake_vllm import create_fake_vllm
+    from tests.net import held_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(create_fake_vllm(model="Qwen/Qwen3-4B", api_key="sk-up"))
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
+    with held_port() as port:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(create_fake_vllm(model="Qwen/Qwen3-4B", api_key="sk-up"))
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
 
 
 def _block(output: str) -> dict:
@@ -174,12 +172,10 @@ def test_openclaw_config_write_merges_and_keeps_a_backup(vllm_url, tmp_path):
 
 
 def test_openclaw_config_without_a_server_says_how_to_fix_it(tmp_path):
-    import socket
+    from tests.net import held_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    r = CliRunner().invoke(main, ["openclaw-config", "--port", str(port)])
+    with held_port() as port:
+        r = CliRunner().invoke(main, ["openclaw-config", "--port", str(port)])
     assert r.exit_code != 0 and "start clawproxy first" in r.output and "--context-window" in r.output
 
 

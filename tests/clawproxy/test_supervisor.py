@@ -14,12 +14,7 @@ from pathlib import Path
 import pytest
 
 from clawproxy.store import Store
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import held_port
 
 
 def children_of(pid: int) -> list[int]:
@@ -39,6 +34,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_until(what: str, check, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.1)
+
+
 def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,22 +56,22 @@ def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
 
 @pytest.fixture
 def stack(tmp_path, tiny_model_dir):
-    port, engine_port = free_port(), free_port()
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clawproxy.cli", "start", "--model", str(tiny_model_dir),
-         "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
-         "--no-judge", "--no-train"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{engine_port}/health")
-        wait_http(f"http://127.0.0.1:{port}/v1/models")
-        yield proc, port, engine_port, data
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    with held_port() as port, held_port() as engine_port:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clawproxy.cli", "start", "--model", str(tiny_model_dir),
+             "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
+             "--no-judge", "--no-train"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{engine_port}/health")
+            wait_http(f"http://127.0.0.1:{port}/v1/models")
+            yield proc, port, engine_port, data
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 def test_start_serves_records_and_stops_cleanly(stack):
@@ -98,7 +100,8 @@ def test_engine_crash_gives_503_then_recovers(stack):
     proc, port, engine_port, data = stack
     (engine_pid,) = children_of(proc.pid)
     os.kill(engine_pid, signal.SIGKILL)
-    time.sleep(0.5)
+    log = data / "logs" / "clawproxy.log"  # written after the supervisor marks the engine not ready
+    wait_until("the supervisor saw the engine die", lambda: "engine exited with code -9" in log.read_text())
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}',
@@ -112,11 +115,15 @@ def test_engine_crash_gives_503_then_recovers(stack):
         assert e.code == 503
         assert b'"error"' in e.read()
     assert time.monotonic() - t0 < 2, "answered at once, did not hang"
-    wait_http(f"http://127.0.0.1:{engine_port}/health")
-    wait_http(f"http://127.0.0.1:{port}/clawproxy/health")
-    time.sleep(1.0)  # the supervisor's readiness probe runs every 0.5 s
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200
+    def serves() -> bool:  # 503 until the supervisor's readiness probe sees the new engine
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status == 200
+        except urllib.error.HTTPError as e:
+            assert e.code == 503, e.code
+            return False
+
+    wait_until("the restarted engine serves through the proxy", serves, timeout=120)
 
 
 @pytest.mark.parametrize("flag", ["--port", "--engine-port"])
@@ -125,42 +132,60 @@ def test_taken_port_is_a_clear_error(tmp_path, flag):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        ports = {"--port": free_port(), "--engine-port": free_port(), flag: taken}
-        r = subprocess.run(
-            [sys.executable, "-m", "clawproxy.cli", "start", "--data-dir", str(tmp_path / "d"),
-             "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"),
-             *[str(x) for kv in ports.items() for x in kv]],
-            capture_output=True, text=True, timeout=60,
-        )
+        with held_port() as port, held_port() as engine_port:
+            ports = {"--port": port, "--engine-port": engine_port, flag: taken}
+            r = subprocess.run(
+                [sys.executable, "-m", "clawproxy.cli", "start", "--data-dir", str(tmp_path / "d"),
+                 "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"),
+                 *[str(x) for kv in ports.items() for x in kv]],
+                capture_output=True, text=True, timeout=60,
+            )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and flag in r.stderr and str(taken) in r.stderr, r.stderr
 
 
-def test_engine_gets_its_config_and_the_token_off_the_command_line(tmp_path, monkeypatch):
+def test_every_child_starts_from_run_config_and_no_token_on_the_command_line(tmp_path):
+    import stat
+
     from clawproxy.config import load_config
-    from clawproxy.engine.__main__ import parse_args
-    from clawproxy.supervisor import build_children
+    from clawproxy.engine.__main__ import config_from_args, parse_args
+    from clawproxy.supervisor import _write_run_config, build_children
 
     cfg = load_config(None, {"data_dir": str(tmp_path), "engine.max_model_len": 1024,
                              "engine.max_batch_size": 3, "engine.default_max_tokens": 64,
-                             "engine.control_token": "s3cret"})
-    engine, _ = build_children(cfg, tmp_path / "run-config.yaml")
-    assert engine is not None and "s3cret" not in " ".join(engine.argv)  # `ps` shows argv
-    for k, v in (engine.env or {}).items():
-        monkeypatch.setenv(k, v)
-    args = parse_args(engine.argv[3:])  # what the engine process will parse
-    assert (args.max_model_len, args.max_batch_size, args.default_max_tokens) == (1024, 3, 64)
-    assert args.control_token == "s3cret"
+                             "engine.logprobs_mode": "processed_logprobs", "engine.threads": 2,
+                             "engine.prefix_cache_entries": 0, "engine.control_token": "s3cret"})
+    run_config = _write_run_config(cfg)
+    assert stat.S_IMODE(run_config.stat().st_mode) == 0o600
+    engine, workers = build_children(cfg, run_config)
+    assert engine is not None and [c.name for c in workers] == ["judge", "trainer"]
+    for child in (engine, *workers):
+        assert "s3cret" not in " ".join(child.argv)  # `ps` shows argv
+        at = child.argv.index("--config")
+        assert child.argv[at + 1] == str(run_config)
+    seen = config_from_args(parse_args(engine.argv[3:]))  # what the engine process will load
+    assert seen == cfg
+
+
+def test_engine_flags_override_the_file_and_are_validated(tmp_path):
+    from clawproxy.engine.__main__ import config_from_args, parse_args
+    from clawproxy.errors import ConfigError
+
+    cfg = config_from_args(parse_args(["--max-batch-size", "2", "--port", "0"]))
+    assert (cfg.engine.max_batch_size, cfg.engine.port) == (2, 0)
+    with pytest.raises(ConfigError, match="engine.max_batch_size"):
+        config_from_args(parse_args(["--max-batch-size", "0"]))
 
 
 def test_unusable_data_dir_is_a_clear_error(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    r = subprocess.run(
-        [sys.executable, "-m", "clawproxy.cli", "start", "--upstream", "http://127.0.0.1:9",
-         "--port", str(free_port()), "--data-dir", str(not_a_dir), "--no-judge", "--no-train"],
-        capture_output=True, text=True, timeout=60,
-    )
+    with held_port() as port:
+        r = subprocess.run(
+            [sys.executable, "-m", "clawproxy.cli", "start", "--upstream", "http://127.0.0.1:9",
+             "--port", str(port), "--data-dir", str(not_a_dir), "--no-judge", "--no-train"],
+            capture_output=True, text=True, timeout=60,
+        )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "--data-dir" in r.stderr, r.stderr
 

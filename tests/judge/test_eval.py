@@ -33,8 +33,11 @@ def test_eval_command_prints_figures():
     assert result.exit_code == 0, result.output
     out = result.output
     assert "voter=lexical" in out and "split=heldout" in out
+    from judge.voters import LexicalVoter
+
     acc = float(re.search(r"accuracy ([0-9.]+)", out).group(1))
-    assert 0.5 < acc <= 1.0
+    # the printed figure is the lexical voter's on every held-out case, with the default 3 votes
+    assert acc == round(evaluate(LexicalVoter(), load_cases("heldout"), m=3, split="heldout").accuracy, 3)
     assert "false-positive rate" in out and "false-negative rate" in out
     for name in ("good", "neutral", "bad"):
         assert name in out
@@ -60,9 +63,15 @@ def test_default_voter_passes_the_bar_on_heldout(embedding_voter):
 def test_bagged_votes_are_different_views(embedding_voter):
     inp = JudgeInput(request="Explain recursion.", response="(essay)", next_state="hmm, not sure about that",
                      role="user")
-    raws = {embedding_voter.vote(inp, i).raw for i in range(3)}
-    assert len(raws) == 3  # each vote asks a different bootstrap head
-    assert embedding_voter.head.k >= 3
+    head = embedding_voter.head
+    x = embedding_voter._features(inp)
+    probs = [head.probs(x, i) for i in range(3)]
+    # each vote asks a different bootstrap head, and the heads see the input differently
+    assert head.k >= 3
+    assert all(abs(probs[a] - probs[b]).max() > 1e-3 for a, b in ((0, 1), (0, 2), (1, 2)))
+    for i in range(3):
+        assert f"head {i}: p(bad)={probs[i][0]:.3f} p(neutral)={probs[i][1]:.3f}" in embedding_voter.vote(inp, i).raw
+    assert embedding_voter.vote(inp, head.k).raw == embedding_voter.vote(inp, 0).raw  # vote i asks head i mod K
 
 
 def test_worker_with_the_embedding_voter(store, embedding_voter):

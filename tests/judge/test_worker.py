@@ -176,7 +176,10 @@ def test_follow_picks_up_new_turns_and_exits_cleanly_on_sigterm(tmp_path):
 def test_votes_are_written_with_raw_output(store):
     seed(store)
     Worker(store, LexicalVoter(), votes=1).run(False, 0.01, threading.Event())
-    assert all(v["raw"] for v in store.query("SELECT raw FROM votes"))
+    votes = store.query("SELECT turn_id, raw FROM votes ORDER BY turn_id")
+    judged = [r["turn_id"] for r in store.query("SELECT turn_id FROM judgments ORDER BY turn_id")]
+    assert len(judged) == 3 and [v["turn_id"] for v in votes] == judged  # one vote per judged turn
+    assert all(v["raw"] for v in votes)
 
 
 def test_failed_vote_objects_count_as_failed():

@@ -88,19 +88,15 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
     assert sample.behaviour_logps == [-1.0] * 8 and sample.score == 1
 
 
-def test_truncated_answers_are_only_ever_negatives(store):
-    """Defect 9: a cut-off answer is never reinforced; one the user rejected is a thing not to do."""
-    rejected = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length", score=-1,
-                           hint="Too long.")
-    praised = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length", score=1)
-    neutral = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length", score=0,
-                          hint="Too long.")
-    looping = insert_turn(store, prompt_ids=_ids(5), completion_ids=[42, 43] * 20, finish_reason="length", score=-1)
-    sel = select_samples(store, TrainerConfig(truncated="negative"), 0)
-    assert [s.turn_id for s in sel.samples] == [rejected] and sel.samples[0].score == -1
-    assert sel.skipped == {praised: "truncated", neutral: "truncated", looping: "degenerate"}
-    default = select_samples(store, TrainerConfig(), 0)  # skip: none of them trains
-    assert default.samples == [] and default.skipped[rejected] == "truncated"
+def test_truncated_answers_never_train(store):
+    """A cut-off answer is skipped whatever the judge said of it, rejected, praised or neutral."""
+    scored = {score: insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length",
+                                 score=score, hint="Too long." if score <= 0 else None)
+              for score in (-1, 0, 1)}
+    finished = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=-1)
+    sel = select_samples(store, TrainerConfig(), 0)
+    assert [s.turn_id for s in sel.samples] == [finished]
+    assert sel.skipped == {t: "truncated" for t in scored.values()}
 
 
 def test_trained_samples_are_not_selected_again(store):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from clawproxy.simulate.personas import PREFERENCES
+from clawproxy.simulate.prompts import TRAIN_PROMPTS
 from tests.trainer.util import bench_module
 from trainer.batch import HINT_TEMPLATE
 
@@ -20,6 +22,11 @@ def test_three_conditions_per_persona(tmp_path, tiny_model_dir):
                                         "--max-tokens", "4", "--model", str(tiny_model_dir), "--out", str(out)])
     assert [(r["persona"], r["condition"]) for r in rows] == [
         (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained")]
-    assert all(r["n"] == 2 and len(r["answers"]) == 2 and 0 <= r["adoption"] <= r["preference_rate"] <= 1
-               for r in rows)
+    for r in rows:
+        assert list(r["answers"]) == list(TRAIN_PROMPTS[:2])
+        met = [PREFERENCES[r["persona"]].check(a) for a in r["answers"].values()]
+        assert r["n"] == 2 and r["preference_rate"] == sum(met) / 2
+        assert r["adoption"] <= r["preference_rate"]  # adopted = met and a real answer
+    untold = [r["answers"] for r in rows if r["condition"] == "untold"]
+    assert untold[0] == untold[1]  # one set of plain answers, graded per persona
     assert json.loads(out.read_text())[0]["condition"] == "untold"

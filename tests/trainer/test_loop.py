@@ -287,7 +287,7 @@ def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
     import subprocess
     import sys
 
-    from tests.clawproxy.engine_proc import free_port
+    from tests.net import held_port
 
     config_file = tmp_path / "cfg.yaml"
     config_file.write_text(f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 3\n  threads: 1\n"
@@ -303,11 +303,12 @@ def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
     res = CliRunner().invoke(main, [*args, "--data-dir", str(dirs["one"])])
     assert res.exit_code == 0, res.output
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         "-m", "clawproxy.cli", *args, "--data-dir", str(dirs["two"])],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
+    with held_port() as master_port:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(master_port),
+             "-m", "clawproxy.cli", *args, "--data-dir", str(dirs["two"])],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("v0 -> v1") == 1  # only the main process reports
     one = load_file(str(dirs["one"] / "checkpoints" / "v1" / "model.safetensors"))

@@ -145,18 +145,3 @@ def test_kl_to_reference_pulls_back():
     loss.backward()
     # gradient descent moves each log-prob toward the reference's
     assert logps.grad[0, 0] > 0 and logps.grad[0, 1] < 0 and stats.kl_ref > 0
-
-
-def test_sequence_weights_give_each_sample_the_same_total_weight():
-    from trainer.losses import sequence_weights
-
-    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
-    w = sequence_weights(mask, num_samples=4)  # two of the step's four samples are in this micro-batch
-    assert torch.allclose(w.sum(dim=1), torch.tensor([0.25, 0.25]))
-    assert torch.allclose(w[0], torch.tensor([0.125, 0.125, 0.0, 0.0]))
-    # with the weights, a constant per-token loss averages to the same value as the token mean
-    logps = torch.full((2, 4), -1.0)
-    adv = torch.ones(2, 4)
-    loss, _ = ppo_clipped_loss(logps, logps, adv, mask, epsilon_low=0.2, epsilon_high=0.28, num_tokens=6,
-                               token_weights=sequence_weights(mask, 2))
-    assert loss.item() == pytest.approx(-1.0)

@@ -7,6 +7,9 @@ import json
 
 import yaml
 
+from clawproxy.simulate.personas import PREFERENCES
+from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
+from clawproxy.simulate.quality import degeneracy
 from clawproxy.store import Store
 from tests.trainer.test_loop import _add
 from tests.trainer.util import bench_module
@@ -18,7 +21,7 @@ def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir
     (run_dir / "run-config.yaml").write_text(yaml.safe_dump({
         "data_dir": str(run_dir),
         "engine": {"model": str(tiny_model_dir)},
-        "trainer": {"batch_size": 2, "learning_rate": 1e-3, "canary_prompts": ["List three colors."],
+        "trainer": {"truncated": "skip", "loss_norm": "token", "batch_size": 2, "learning_rate": 1e-3, "canary_prompts": ["List three colors."],
                     "canary_max_tokens": 8, "threads": 1},
     }))
     store = Store(run_dir / "clawproxy.db")
@@ -31,10 +34,17 @@ def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir
 
     assert result["persona"] == "concise" and result["overrides"] == {"trainer.learning_rate": 1e-4}
     assert len(result["step_status"]) == 2 and set(result["step_status"]) <= {"published", "gate_failed"}
-    assert len(result["answers"]) == 9 and 0.0 <= result["degenerate_share_all"] <= 1.0
+    answers = list(result["answers"].values())  # 8 held-out prompts + 1 train prompt
+    assert list(result["answers"]) == [*HELDOUT_PROMPTS, TRAIN_PROMPTS[0]]
+    # the figures are the answers' own: shares over the 9 listed answers, by the persona's check
+    assert result["degenerate_share_all"] == sum(degeneracy(a) is not None for a in answers) / 9
+    assert result["preference_rate_all"] == sum(PREFERENCES["concise"].check(a) for a in answers) / 9
     sampled = result["sampled"]  # the first 3 recorded prompts, sampled again from the trained weights
     assert sampled["n"] == 3 and len(sampled["answers"]) == 3 and sampled["max_tokens"] == 4
-    assert 0.0 <= sampled["cut_off_share"] <= 1.0 and sampled["mean_tokens"] <= 4
+    # an answer is cut off exactly when it used all 4 tokens (EOS is not counted)
+    assert sampled["mean_tokens"] <= 4
+    assert (sampled["cut_off_share"] == 1.0) == (sampled["mean_tokens"] == 4)
+    assert (sampled["cut_off_share"] == 0.0) <= (sampled["mean_tokens"] < 4)
     assert json.loads(out.read_text().splitlines()[0])["label"] == "t"
     # the recorded run is not touched: nothing trained, no checkpoint written there
     assert store.query("SELECT COUNT(*) AS n FROM trained_samples")[0]["n"] == 0

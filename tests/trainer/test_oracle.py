@@ -1,17 +1,17 @@
-"""The oracle baseline's REINFORCE loop on a tiny random model: it samples, rewards, steps, measures."""
+"""bench/oracle.py, the oracle baseline's REINFORCE loop on a tiny random model: it samples, rewards,
+steps, measures."""
 
 from __future__ import annotations
 
 import torch
 
-from clawproxy.simulate.oracle import (
-    OracleSettings,
-    generate,
-    reinforce_step,
-    reward_of,
-    run_oracle,
-)
 from clawproxy.simulate.personas import PREFERENCES
+from clawproxy.simulate.prompts import HELDOUT_PROMPTS
+from tests.trainer.util import bench_module
+
+oracle = bench_module("oracle")
+OracleSettings, generate, reinforce_step = oracle.OracleSettings, oracle.generate, oracle.reinforce_step
+reward_of, run_oracle = oracle.reward_of, oracle.run_oracle
 
 
 def test_reinforce_step_moves_logprob_in_the_reward_direction(tiny_model_dir):
@@ -45,8 +45,12 @@ def test_oracle_run_produces_a_curve(tiny_model_dir):
     assert [p.weight_version for p in curve.points] == [0, 1, 2]
     assert len(steps) == 2 and all(len(st["rewards"]) == 2 for st in steps)
     assert all(r in (1.0, -1.0) for st in steps for r in st["rewards"])
-    for p in curve.points:
-        assert len(p.answers) == 8 and 0.0 <= p.adoption <= p.preference_rate <= 1.0
+    concise = PREFERENCES["concise"]
+    for p in curve.points:  # held-out answers, graded by the persona's own check
+        assert [a.prompt for a in p.answers] == list(HELDOUT_PROMPTS)
+        assert [a.met for a in p.answers] == [bool(concise.check(a.answer)) for a in p.answers]
+        assert p.preference_rate == sum(a.met for a in p.answers) / 8
+        assert p.adoption == sum(a.adopted for a in p.answers) / 8 and p.adoption <= p.preference_rate
     assert curve.settings["learning_rate"] == 1e-5 and curve.wall_s > 0
 
 

@@ -1,0 +1,45 @@
+"""One definition of each shared concept: a second copy fails here, not in review."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = [p for d in ("clawproxy", "judge", "trainer", "bench", "tests") for p in (ROOT / d).rglob("*.py")]
+
+
+def where(pattern: str) -> list[str]:
+    rx = re.compile(pattern)
+    return sorted(str(p.relative_to(ROOT)) for p in CODE if rx.search(p.read_text()))
+
+
+def test_one_dtype_map():
+    assert where(r'"bfloat16":\s*torch\.bfloat16') == ["clawproxy/engine/model.py"]
+
+
+def test_one_eos_rule():
+    assert where(r"def _?eos(_token)?_ids\(") == ["clawproxy/engine/model.py"]
+
+
+def test_one_way_to_get_a_test_port():
+    # a port picked, released and used later is a race: tests and benchmarks hold it (tests/net.py)
+    assert [p for p in where(r"return \w+\.getsockname\(\)\[1\]") if p.startswith(("tests/", "bench/"))] == []
+
+
+def test_one_engine_url_default_and_v1_strip():
+    assert where(r'f"http://\{cfg\.engine\.host\}:\{cfg\.engine\.port\}"') == []
+    assert where(r'endswith\("/v1"\)') and all(
+        p in ("clawproxy/config.py", "clawproxy/engine/client.py", "clawproxy/simulate/driver.py")
+        for p in where(r'endswith\("/v1"\)'))
+
+
+def test_one_config_loader_for_the_commands():
+    assert where(r"from clawproxy\.cli import build_config") == []
+    assert where(r"def _config\(") == []
+
+
+def test_no_lab_notebook_options():
+    product = [p for p in where(r"truncated ==|cfg\.truncated|loss_norm|sequence_weights")
+               if p.startswith(("clawproxy/", "judge/", "trainer/"))]
+    assert product == []
