@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,31 @@ class ProxyConfig:
     )
     recorder_queue_size: int = _help("Bounded queue between the request path and the store writer.", 10000)
     control_token: str | None = _help(
-        "Token required on control endpoints (/clawproxy/*) when the proxy is bound to a "
-        "non-loopback address.",
+        "Token for the proxy's own endpoints (/clawproxy/*). Required when the proxy listens off "
+        "loopback: then every request, /v1 included, must carry `Authorization: Bearer <token>` "
+        "(removed before forwarding).",
         None,
     )
+    redact_secrets: bool = _help(
+        "Replace secret-looking strings (API keys, bearer tokens, private keys, values of "
+        "`api_key`/`password`-like fields) with [REDACTED] before a turn is stored or logged.",
+        True,
+    )
+    redact_patterns: list[str] = _help(
+        "More regular expressions whose matches are redacted (with redact_secrets on).",
+        default_factory=list,
+    )
+    extra_routes: list[str] = _help(
+        "More /v1 paths to forward (glob patterns, e.g. '/v1/audio/*'). Forwarded by default: "
+        "chat/completions, completions, models, embeddings, responses, tokenize/detokenize. "
+        "Engine control verbs (load_lora_adapter, ...) are never forwarded.",
+        default_factory=list,
+    )
+    header_timeout_s: float = _help(
+        "Seconds a connection may stay open without a complete request (slow or idle clients).",
+        30.0,
+    )
+    body_timeout_s: float = _help("Seconds a client may take to send its request body (408 after).", 60.0)
 
     def __post_init__(self) -> None:
         if not (0 < self.port < 65536):
@@ -74,9 +96,28 @@ class ProxyConfig:
                     "proxy.upstream must not carry user:password; give the upstream's key to "
                     "OpenClaw as the provider apiKey, the proxy forwards it."
                 )
-        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.control_token:
-            # Control endpoints stay closed; the forwarded API is still served.
-            pass
+        if not self.is_loopback and not self.control_token:
+            raise ConfigError(
+                f"proxy.host={self.host} exposes the proxy (and everything it records) to the "
+                "network; set proxy.control_token (clients then send `Authorization: Bearer "
+                "<token>`), or listen on 127.0.0.1."
+            )
+        for name in ("redact_patterns", "extra_routes"):
+            v = getattr(self, name)
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(f"proxy.{name} must be a list of strings, got {v!r}.")
+        for p in self.redact_patterns:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ConfigError(f"proxy.redact_patterns: {p!r} is not a regular expression ({e}).") from e
+        for name in ("header_timeout_s", "body_timeout_s", "connect_timeout_s", "read_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"proxy.{name} must be > 0 seconds.")
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from clawproxy.openclaw import is_ctx
+from clawproxy.errors import StoreError
 from clawproxy.store import Store
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -288,11 +289,11 @@ def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str
         what = f"session {sid}" if sid else "ALL sessions and turns"
         if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
             raise click.Abort()
-        store.execute("PRAGMA secure_delete=ON")
         n = store.delete_session(sid) if sid else store.delete_all()
-        if sid:
-            store.execute("VACUUM")
-        store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        try:
+            store.purge_free_pages()
+        except StoreError as e:
+            raise click.ClickException(e.message) from e
     click.echo(f"deleted {what} ({n} turn(s))")
 
 

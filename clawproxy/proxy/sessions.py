@@ -59,11 +59,9 @@ def normalize_message(msg: Any) -> tuple:
     role = msg.get("role", "")
     text = _WS_RE.sub(" ", _THINK_RE.sub("", message_text(msg))).strip()
     calls = tuple(
-        (
-            (tc.get("function") or {}).get("name", ""),
-            _canon_args((tc.get("function") or {}).get("arguments", "")),
-        )
-        for tc in (msg.get("tool_calls") or ())
+        (str(fn.get("name", "")), _canon_args(fn.get("arguments", "")))
+        if isinstance(fn := tc.get("function"), dict) else ("?", repr(fn))
+        for tc in (msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else ())
         if isinstance(tc, dict)
     )
     tcid = _NON_ALNUM.sub("", str(msg.get("tool_call_id") or ""))
