@@ -95,7 +95,10 @@ def server_options(cfg: Config) -> dict[str, Any]:
     also closes a connection that has not sent a complete request in that time (aiohttp arms it
     when the connection opens), which bounds slow or stuck headers.
     """
-    return {"auto_decompress": False, "keepalive_timeout": cfg.proxy.header_timeout_s}
+    # lingering_time: after an early 4xx, aiohttp drains the unread body so the client sees the
+    # answer rather than a reset; bounded, since a slow client would keep the connection.
+    return {"auto_decompress": False, "keepalive_timeout": cfg.proxy.header_timeout_s,
+            "lingering_time": 1.0}
 
 
 def _route_matcher(extra: list[str]) -> Callable[[str], bool]:
@@ -232,7 +235,7 @@ async def health(request: web.Request) -> web.Response:
     if not rs["store_ok"]:
         problems.append(f"store unavailable: {rs['last_error']}")
     if rs["turns_lost"]:
-        problems.append(f"{rs['turns_lost']} turn(s) lost (store and disk failed)")
+        problems.append(f"{rs['turns_lost']} turn(s) lost: {rs['last_loss']}")
     if not rs["journal_ok"]:
         problems.append("crash journal unavailable")
     return _json({
@@ -363,6 +366,10 @@ def _parse_chat_body(request: web.Request, body: bytes) -> dict[str, Any]:
     if not isinstance(obj.get("messages"), list):
         raise RequestError("'messages' must be an array of messages.", code="invalid_messages")
     return obj
+
+
+_UNREAD_BODY = frozenset({"request_timeout", "request_too_large", "invalid_content_encoding",
+                          "invalid_body"})
 
 
 def _too_large(limit: int) -> RequestError:
@@ -515,7 +522,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
         if cap is not None:
             cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
             app[RECORDER_KEY].submit(cap)
-        return _error(e.status, e.message, e.type, e.code)
+        resp = _error(e.status, e.message, e.type, e.code)
+        if e.code in _UNREAD_BODY:
+            resp.force_close()  # the rest of the body is still on the wire: drop the connection
+        return resp
 
     st.in_flight += 1
     watch = _ClientWatch(request, rid)

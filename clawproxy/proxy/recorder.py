@@ -238,6 +238,7 @@ class Recorder:
         self.lost = 0  # neither stored, spooled nor quarantined (store and disk both failed)
         self.overflow = 0  # queue full: kept only in the journal until the next start
         self.last_error: str | None = None
+        self.last_loss: str | None = None  # why the last lost turn could not even be spooled
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawproxy-recorder")
         self._tasks: list[asyncio.Task] = []
         self._last_open_try = 0.0
@@ -312,6 +313,7 @@ class Recorder:
             "store_ok": self.store_ok,
             "journal_ok": self._journal_fd is not None and not self._journal_failed,
             "last_error": self.last_error,
+            "last_loss": self.last_loss,
         }
 
     async def _drain(self) -> None:
@@ -512,7 +514,7 @@ class Recorder:
                 os.close(fd)
             return True
         except OSError as e:
-            self.last_error = f"cannot write {path.name}: {e}"
+            self.last_loss = f"cannot write {path.name}: {e}"
             log.error("RECORD LOST: cannot write %s (%s)", path, e)
             return False
 

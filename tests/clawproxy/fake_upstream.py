@@ -12,6 +12,8 @@ tests do not interfere:
     x-fake-delay-ms pause between chunks
     x-fake-gzip     1: gzip the response body (even an event stream)
     x-fake-reject-tokens 1: answer 400 to requests with logprobs/return_token_ids (not vLLM)
+    x-fake-raw      base64 of bytes streamed verbatim as the SSE body (garbage, a cut-off stream);
+                    with x-fake-raw-close 1 the connection is closed after them (no chunked end)
     x-fake-stamp    1: each chunk carries ``sent_ns`` (time.monotonic_ns() when written), so a
                     client on the same machine can measure per-chunk delivery latency
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -117,6 +120,9 @@ class FakeUpstream:
                                                 "param": None, "code": 400}}, status=400)
         if mode == "hang":
             await asyncio.sleep(3600)
+        if h.get("x-fake-raw") is not None:
+            return await self._raw(request, base64.b64decode(h["x-fake-raw"]),
+                                   h.get("x-fake-raw-close") == "1")
         n = int(h.get("x-fake-chunks", "4"))
         delay = float(h.get("x-fake-delay-ms", "0")) / 1000
         chunks = self.build_chunks(body, mode, n)
@@ -159,6 +165,20 @@ class FakeUpstream:
             self.disconnects += 1
             raise
         self.completed += 1
+        return resp
+
+    async def _raw(self, request: web.Request, data: bytes, close: bool) -> web.StreamResponse:
+        if close:  # HTTP/1.0-style framing: the body ends where the connection does
+            tr = request.transport
+            assert tr is not None
+            tr.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                     + data)
+            tr.close()
+            return web.Response()  # never sent: the connection is gone
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(data)
+        await resp.write_eof()
         return resp
 
     # -- content ----------------------------------------------------------------------------------
