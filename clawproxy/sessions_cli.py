@@ -277,24 +277,29 @@ def export(out_path: str | None, session_id: str | None, config_path: str | None
 @sessions.command("delete", context_settings=CTX)
 @click.argument("session_id", required=False)
 @click.option("--all", "delete_all", is_flag=True, help="Delete every session and turn.")
+@click.option("--purge", "purge_only", is_flag=True,
+              help="Delete nothing; only wipe what earlier deletes left in free pages and the WAL.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_options
-def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str | None,
-           data_dir: str | None) -> None:
+def delete(session_id: str | None, delete_all: bool, purge_only: bool, yes: bool,
+           config_path: str | None, data_dir: str | None) -> None:
     """Delete a session (or --all) with its turns and judgments, overwriting the freed pages."""
-    if bool(session_id) == bool(delete_all):
-        raise click.UsageError("give a SESSION_ID or --all (not both).")
+    if purge_only:
+        n, what = 0, "nothing new"
+    elif bool(session_id) == bool(delete_all):
+        raise click.UsageError("give a SESSION_ID or --all (not both), or --purge.")
     with _open_store(config_path, data_dir) as store:
-        sid = _resolve(store, session_id) if session_id else None
-        what = f"session {sid}" if sid else "ALL sessions and turns"
-        if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
-            raise click.Abort()
-        n = store.delete_session(sid) if sid else store.delete_all()
+        if not purge_only:
+            sid = _resolve(store, session_id) if session_id else None
+            what = f"session {sid}" if sid else "ALL sessions and turns"
+            if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
+                raise click.Abort()
+            n = store.delete_session(sid) if sid else store.delete_all()
         try:
             store.purge_free_pages()
         except StoreError as e:
-            raise click.ClickException(e.message) from e
-    click.echo(f"deleted {what} ({n} turn(s))")
+            raise click.ClickException(f"deleted {what} ({n} turn(s)), but {e.message}") from e
+    click.echo(f"deleted {what} ({n} turn(s)); free pages and WAL wiped")
 
 
 # -- openclaw-config -------------------------------------------------------------------------------

@@ -355,10 +355,16 @@ class Store:
         gone from every file on disk (used after deletions; needs a moment with no writer)."""
         with self._lock:
             self._conn.execute("VACUUM")
-            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            # A reader pins the WAL; waiting the whole busy_timeout for it helps nobody.
+            self._conn.execute("PRAGMA busy_timeout=2000")
+            try:
+                busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._conn.execute("PRAGMA busy_timeout=30000")
         if busy and next(iter(busy.values())):
-            raise StoreError("another process kept the database busy; the deleted data may still "
-                             "be in the WAL. Stop `clawproxy start` and run the delete again.")
+            raise StoreError("another process kept the database busy, so the deleted data may "
+                             "still be in the WAL: stop `clawproxy start` (and its judge and "
+                             "trainer), then run `clawproxy sessions delete --purge`.")
 
     def delete_session(self, session_id: str) -> int:
         with self.transaction() as conn:

@@ -385,7 +385,7 @@ async def _read_body(request: web.Request, limit: int, timeout: float) -> bytes:
                            code="request_too_large")
     coding = request.headers.get("Content-Encoding", "").strip().lower()
     # A server run without server_options() has aiohttp decompress (it marks the stream so).
-    if coding in ("", "identity") or request.content.total_compressed_bytes is not None:
+    if coding in ("", "identity") or getattr(request.content, "total_compressed_bytes", None) is not None:
         coding = ""
     elif coding not in ("gzip", "x-gzip", "deflate"):
         raise RequestError(f"Content-Encoding {coding!r} is not supported; send the body "
@@ -525,6 +525,16 @@ async def forward(request: web.Request) -> web.StreamResponse:
         resp = _error(e.status, e.message, e.type, e.code)
         if e.code in _UNREAD_BODY:
             resp.force_close()  # the rest of the body is still on the wire: drop the connection
+        return resp
+    except Exception as e:  # a bug of ours: logged with its traceback, the client gets JSON
+        log.exception("proxy error reading %s %s", request.method, request.path)
+        st.errors += 1
+        if cap is not None:
+            cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
+            cap.error = f"proxy error: {type(e).__name__}: {e}"
+            app[RECORDER_KEY].submit(cap)
+        resp = _error(500, "internal proxy error; see the clawproxy log", "server_error")
+        resp.force_close()
         return resp
 
     st.in_flight += 1

@@ -47,8 +47,8 @@ def _text(msg: dict[str, Any]) -> str:
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
     """The last real user message, skipping OpenClaw's trailing internal-context message."""
-    for m in reversed(messages):
-        if m.get("role") == "user" and not _text(m).lstrip().startswith(CTX):
+    for m in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(m, dict) and m.get("role") == "user" and not _text(m).lstrip().startswith(CTX):
             return _text(m)
     return ""
 
@@ -104,6 +104,15 @@ class FakeUpstream:
             self.received.append(Received(request.method, request.path_qs, dict(request.headers), body))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._chat(request)
+        except (AttributeError, TypeError, ValueError, KeyError) as e:
+            # A real server validates the body and answers 400; so does the fake (fuzz tests).
+            return web.json_response({"error": {"message": f"invalid request: {e}", "type":
+                                                "BadRequestError", "param": None, "code": 400}},
+                                     status=400)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self._note(request, body)
         h = request.headers

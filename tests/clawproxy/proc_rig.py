@@ -142,3 +142,43 @@ def raw_header(data: bytes) -> tuple[bytes, bytes]:
 def chat_body(text: str, stream: bool = True, **extra: Any) -> bytes:
     return json.dumps({"model": "m", "stream": stream,
                        "messages": [{"role": "user", "content": text}], **extra}).encode()
+
+
+def stream_until_done(port: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
+                      timeout: float = 30.0) -> bytes:
+    """POST a streamed chat request and return as soon as ``[DONE]`` has arrived (socket open)."""
+    req = http_request("POST", b"/v1/chat/completions", body,
+                       [(b"Content-Type", b"application/json"), *(headers or [])])
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(req)
+        buf = b""
+        while b"data: [DONE]" not in buf:
+            b = s.recv(65536)
+            if not b:
+                raise AssertionError(f"stream ended without [DONE]: {buf[-500:]!r}")
+            buf += b
+        return buf
+    finally:
+        s.close()
+
+
+def store_texts(db: Path) -> list[str]:
+    from clawproxy.store import Store
+
+    st = Store(db)
+    try:
+        return [r["response_text"] or "" for r in st.query("SELECT response_text FROM turns")]
+    finally:
+        st.close()
+
+
+def store_counts(db: Path) -> tuple[int, int]:
+    """(turns, quarantined) in the store."""
+    from clawproxy.store import Store
+
+    st = Store(db)
+    try:
+        return (st.query_one("SELECT COUNT(*) AS n FROM turns")["n"], st.quarantine_count())
+    finally:
+        st.close()

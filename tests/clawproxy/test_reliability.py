@@ -366,3 +366,34 @@ async def test_recorder_journal_replays_turns_a_kill_left(tmp_path):
     assert (cfg.data_path / "journal.bin").stat().st_size == 0
     assert rec.recorder_is_fine if hasattr(rec, "recorder_is_fine") else True
     assert RECORDER_KEY  # the app key the tests above reach the recorder through
+
+
+# -- sessions delete: gone from the database, its free pages and the WAL --------------------------
+def _files_with(data_dir, needle: bytes) -> list[str]:
+    return [p.name for p in data_dir.iterdir() if p.is_file() and needle in p.read_bytes()]
+
+
+async def test_sessions_delete_leaves_nothing_in_wal_or_free_pages(rig):
+    from click.testing import CliRunner
+
+    from clawproxy.cli import main
+
+    await rig.chat(_body("SECRETWORD one"), {"session_id": "gone"})
+    await rig.chat(_body("kept"), {"session_id": "kept"})
+    await wait_idle(rig, 2)
+    d = rig.cfg.data_path
+    assert _files_with(d, b"SECRETWORD")  # in the WAL and/or the database before
+    reader = Store(rig.cfg.db_path)
+    reader.execute("BEGIN")
+    reader.query("SELECT COUNT(*) FROM turns")  # a reader (the judge, say) holds a snapshot
+    r = CliRunner().invoke(main, ["sessions", "delete", "gone", "--yes", "--data-dir", str(d)])
+    # The WAL cannot be emptied under a reader: a clear error, not a silent "deleted".
+    assert r.exit_code != 0 and "busy" in r.output and "--purge" in r.output, r.output
+    reader.execute("COMMIT")
+    reader.close()
+    await rig.app.shutdown()
+    await rig.app.cleanup()
+    r = CliRunner().invoke(main, ["sessions", "delete", "--purge", "--data-dir", str(d)])
+    assert r.exit_code == 0, r.output
+    assert _files_with(d, b"SECRETWORD") == []
+    assert _files_with(d, b"pong: kept")
