@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from clawproxy.openclaw import is_ctx
 from clawproxy.errors import StoreError
+from clawproxy.openclaw import is_ctx
 from clawproxy.store import Store
 
 CTX = {"help_option_names": ["-h", "--help"]}

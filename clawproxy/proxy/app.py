@@ -37,7 +37,6 @@ from yarl import URL
 from clawproxy.config import Config
 from clawproxy.errors import ConfigError, RequestError, openai_error_body
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
-from clawproxy.proxy.redact import RedactingFilter
 from clawproxy.proxy.sse import Added, EventFramer, strip_body
 
 log = logging.getLogger("clawproxy.proxy")
