@@ -151,7 +151,13 @@ def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, A
     # One serialization checks that everything can be stored, and carries the redaction.
     data = orjson.dumps(rec)
     if redactor is not None:
-        data = redactor.bytes(data)
+        clean = redactor.bytes(data)
+        if clean != data:
+            # Token ids spell the secret out again; without them the trainer skips the turn.
+            for k in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
+                rec[k] = None
+            clean = redactor.bytes(orjson.dumps(rec))
+        data = clean
     rec = orjson.loads(data)
     rec["body_hash"] = body_hash(rec["request_body"]) if rec["request_body"] else None
     return rec

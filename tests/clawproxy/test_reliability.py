@@ -147,6 +147,8 @@ async def test_secrets_in_every_position_are_redacted(make_rig, caplog):
     await wait_idle(rig, 3)
     t = rig.turns()[0]
     assert t["request_params"]["api_key"] == "[REDACTED]"
+    assert t["prompt_token_ids"] is None and t["completion_token_ids"] is None  # they spell it too
+    assert rig.turns()[-1]["completion_token_ids"]  # a turn without secrets keeps its ids
     assert "[REDACTED]" in t["response_text"]
     for secret in [*SECRETS, "plain-password-like-value", "hunter22", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"]:
         assert secret.encode() not in spool
