@@ -26,6 +26,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import orjson
@@ -58,7 +59,6 @@ SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 WATCH_INTERVAL_S = 0.25
 SWITCH_INTERVAL_S = 0.0005
-READ_CHUNK = 64 * 1024
 DONE = b"[DONE]"
 _DONE_EVENT = re.compile(rb"[\r\n]data: ?\[DONE\]")
 
@@ -101,11 +101,17 @@ def server_options(cfg: Config) -> dict[str, Any]:
 
 
 def _route_matcher(extra: list[str]) -> Callable[[str], bool]:
+    """``allowed(raw_path)``; a ``*`` matches within one path segment only."""
     pats = [*FORWARDED_ROUTES, *extra]
     exact = frozenset(p for p in pats if not any(c in p for c in "*?["))
-    globs = [re.compile(fnmatch.translate(p)) for p in pats if p not in exact]
+    globs = [re.compile(fnmatch.translate(p).replace(".*", "[^/]*")) for p in pats if p not in exact]
 
-    def allowed(path: str) -> bool:
+    def allowed(raw_path: str) -> bool:
+        path = raw_path.split("?", 1)[0]
+        # Dot segments (also percent-encoded) could reach another route once the upstream decodes.
+        if "." in path or "%" in path:
+            if {".", ".."} & set(unquote(path).replace("\\", "/").split("/")):
+                return False
         path = path.rstrip("/") or "/"
         return path in exact or any(g.match(path) for g in globs)
 
@@ -129,7 +135,7 @@ class _ParserNoise(logging.Filter):
 _PARSER_NOISE = _ParserNoise()
 
 
-def _install_log_filters(cfg: Config) -> None:
+def _install_log_filters() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if _PARSER_NOISE not in server_log.filters:
         server_log.addFilter(_PARSER_NOISE)
@@ -144,7 +150,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     if not cfg.proxy.upstream:
         raise ConfigError("the proxy needs proxy.upstream (e.g. --upstream http://127.0.0.1:8000).")
     app = web.Application(client_max_size=cfg.proxy.max_body_bytes)
-    _install_log_filters(cfg)
+    _install_log_filters()
     if not cfg.proxy.is_loopback:
         log.warning("the proxy listens on %s, off loopback: every request must carry "
                     "`Authorization: Bearer <proxy.control_token>`; anyone who has the token can "
@@ -494,7 +500,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         st.errors += 1
         return _error(401, "this proxy needs `Authorization: Bearer <proxy.control_token>`",
                       "authentication_error", "invalid_api_key")
-    if not app[ROUTES_KEY](request.path):
+    if not app[ROUTES_KEY](request.raw_path):
         st.errors += 1
         return _not_forwarded(request)
     is_chat = request.method == "POST" and request.path in CHAT_PATHS

@@ -167,13 +167,15 @@ async def test_redaction_can_be_turned_off(make_rig):
 
 # -- 3: control routes, off-loopback ------------------------------------------------------------
 async def test_engine_control_routes_are_not_forwarded(rig):
-    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/../v1/load_lora_adapter"):
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/../v1/load_lora_adapter",
+                 "/v1/models/..%2Fload_lora_adapter", "/v1/models/%2e%2e/load_lora_adapter"):
         async with rig.client.post(rig.url + path, json={"lora_name": "x", "lora_path": "/tmp"}) as r:
             assert r.status == 404, path
             assert (await r.json())["error"]["type"] == "not_found_error"
     assert not rig.fake.received
-    async with rig.client.get(rig.url + "/v1/models") as r:
-        assert r.status == 200
+    for path in ("/v1/models", "/v1/models?x=1"):
+        async with rig.client.get(rig.url + path) as r:
+            assert r.status == 200, path
 
 
 def test_off_loopback_needs_a_token():
