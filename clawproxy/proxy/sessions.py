@@ -78,7 +78,8 @@ _DIGEST_LOCK = threading.Lock()  # several apps (tests) may share the process
 def message_digest(m: Any) -> bytes:
     """Digest of ``normalize_message(m)``."""
     key = None
-    if isinstance(m, dict) and isinstance(m.get("content"), str) and len(m) == 2 and "role" in m:
+    if (isinstance(m, dict) and isinstance(m.get("content"), str) and len(m) == 2
+            and isinstance(m.get("role"), str)):
         key = (m["role"], m["content"])
         with _DIGEST_LOCK:
             d = _DIGESTS.get(key)

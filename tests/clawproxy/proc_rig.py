@@ -38,7 +38,8 @@ class FakeProc:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.clawproxy.fake_upstream", "--port", "0"],
-                                     cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)
+                                     cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True,
+                                     stderr=subprocess.DEVNULL)  # its tracebacks when a proxy is killed
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("PORT "), line
         self.url = f"http://127.0.0.1:{int(line.split()[1])}"
