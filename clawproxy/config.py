@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,8 +55,30 @@ class ProxyConfig:
     )
     control_token: str | None = setting(
         None,
-        "Token required on control endpoints (/clawproxy/*) when the proxy is bound to a "
-        "non-loopback address.",
+        "Token for the proxy's own endpoints (/clawproxy/*). Required when the proxy listens off "
+        "loopback: then every request, /v1 included, must carry `Authorization: Bearer <token>` "
+        "(removed before forwarding).",
+    )
+    redact_secrets: bool = setting(
+        True,
+        "Replace secret-looking strings (API keys, bearer tokens, private keys, values of "
+        "`api_key`/`password`-like fields) with [REDACTED] before a turn is stored or logged.",
+    )
+    redact_patterns: list[str] = setting(
+        [], "More regular expressions whose matches are redacted (with redact_secrets on)."
+    )
+    extra_routes: list[str] = setting(
+        [],
+        "More /v1 paths to forward (glob patterns, e.g. '/v1/audio/*'). Forwarded by default: "
+        "chat/completions, completions, models, embeddings, responses, tokenize/detokenize. "
+        "Engine control verbs (load_lora_adapter, ...) are never forwarded.",
+    )
+    header_timeout_s: float = setting(
+        30.0, "Seconds a connection may stay open without a complete request (slow or idle clients).",
+        gt=0,
+    )
+    body_timeout_s: float = setting(
+        60.0, "Seconds a client may take to send its request body (408 after).", gt=0
     )
 
     def __post_init__(self) -> None:
@@ -73,6 +96,21 @@ class ProxyConfig:
                     "proxy.upstream must not carry user:password; give the upstream's key to "
                     "OpenClaw as the provider apiKey, the proxy forwards it."
                 )
+        if not self.is_loopback and not self.control_token:
+            raise ConfigError(
+                f"proxy.host={self.host} exposes the proxy (and everything it records) to the "
+                "network; set proxy.control_token (clients then send `Authorization: Bearer "
+                "<token>`), or listen on 127.0.0.1."
+            )
+        for p in self.redact_patterns:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ConfigError(f"proxy.redact_patterns: {p!r} is not a regular expression ({e}).") from e
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from click_default_group import DefaultGroup
 
 from clawproxy.cli_options import CONTEXT_SETTINGS as CTX
 from clawproxy.cli_options import build_config, config_options
+from clawproxy.errors import StoreError
 from clawproxy.openclaw import is_ctx
 from clawproxy.openclaw_setup import PROFILES
 from clawproxy.store import Store
@@ -271,24 +272,29 @@ def export(out_path: str | None, session_id: str | None, config_path: str | None
 @sessions.command("delete", context_settings=CTX)
 @click.argument("session_id", required=False)
 @click.option("--all", "delete_all", is_flag=True, help="Delete every session and turn.")
+@click.option("--purge", "purge_only", is_flag=True,
+              help="Delete nothing; only wipe what earlier deletes left in free pages and the WAL.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @config_options
-def delete(session_id: str | None, delete_all: bool, yes: bool, config_path: str | None,
-           data_dir: str | None) -> None:
+def delete(session_id: str | None, delete_all: bool, purge_only: bool, yes: bool,
+           config_path: str | None, data_dir: str | None) -> None:
     """Delete a session (or --all) with its turns and judgments, overwriting the freed pages."""
-    if bool(session_id) == bool(delete_all):
-        raise click.UsageError("give a SESSION_ID or --all (not both).")
+    if purge_only:
+        n, what = 0, "nothing new"
+    elif bool(session_id) == bool(delete_all):
+        raise click.UsageError("give a SESSION_ID or --all (not both), or --purge.")
     with _open_store(config_path, data_dir) as store:
-        sid = _resolve(store, session_id) if session_id else None
-        what = f"session {sid}" if sid else "ALL sessions and turns"
-        if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
-            raise click.Abort()
-        store.execute("PRAGMA secure_delete=ON")
-        n = store.delete_session(sid) if sid else store.delete_all()
-        if sid:
-            store.execute("VACUUM")
-        store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    click.echo(f"deleted {what} ({n} turn(s))")
+        if not purge_only:
+            sid = _resolve(store, session_id) if session_id else None
+            what = f"session {sid}" if sid else "ALL sessions and turns"
+            if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
+                raise click.Abort()
+            n = store.delete_session(sid) if sid else store.delete_all()
+        try:
+            store.purge_free_pages()
+        except StoreError as e:
+            raise click.ClickException(f"deleted {what} ({n} turn(s)), but {e.message}") from e
+    click.echo(f"deleted {what} ({n} turn(s)); free pages and WAL wiped")
 
 
 # -- openclaw-config -------------------------------------------------------------------------------

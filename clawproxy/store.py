@@ -15,6 +15,7 @@ Tables
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -138,6 +139,17 @@ MIGRATIONS: list[str] = [
         created_at  REAL NOT NULL
     );
     """,
+    # v3 (proxy): turns the recorder could not store (a field of a type no column takes, a body
+    # nested too deep...), kept alone with the reason instead of blocking the turns behind them.
+    """
+    CREATE TABLE quarantine (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        request_id  TEXT,
+        created_at  REAL NOT NULL,
+        reason      TEXT NOT NULL,
+        record      TEXT                     -- the record as JSON (redacted), or the raw turn as text
+    );
+    """,
 ]
 
 JSON_COLUMNS = {
@@ -186,6 +198,8 @@ class Store:
             self._enable_wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
+            # Deleted rows are overwritten with zeros, not left in free pages (sessions delete).
+            self._conn.execute("PRAGMA secure_delete=ON")
             self._conn.execute("PRAGMA busy_timeout=30000")
             self._migrate()
             for suffix in ("", "-wal", "-shm"):
@@ -254,7 +268,11 @@ class Store:
                 yield self._conn
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                # SQLite rolls back by itself on some errors (a full disk, I/O): a second
+                # rollback would then raise "no transaction is active" and hide the real error.
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
                 raise
 
     def execute(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
@@ -324,6 +342,30 @@ class Store:
         row = self.query_one("SELECT MAX(version) AS v FROM checkpoints WHERE status='published'")
         return int(row["v"]) if row and row["v"] is not None else 0
 
+    # -- quarantine (records the recorder could not store) --------------------------------------
+    def quarantine(self, request_id: str | None, reason: str, record: str | None) -> None:
+        self.insert("quarantine", {"request_id": request_id, "created_at": time.time(),
+                                   "reason": reason[:2000], "record": record})
+
+    def quarantine_count(self) -> int:
+        return self.query_one("SELECT COUNT(*) AS n FROM quarantine")["n"]
+
+    def purge_free_pages(self) -> None:
+        """Rewrite the database without its free pages and empty the WAL, so deleted rows are
+        gone from every file on disk (used after deletions; needs a moment with no writer)."""
+        with self._lock:
+            self._conn.execute("VACUUM")
+            # A reader pins the WAL; waiting the whole busy_timeout for it helps nobody.
+            self._conn.execute("PRAGMA busy_timeout=2000")
+            try:
+                busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._conn.execute("PRAGMA busy_timeout=30000")
+        if busy and next(iter(busy.values())):
+            raise StoreError("another process kept the database busy, so the deleted data may "
+                             "still be in the WAL: stop `clawproxy start` (and its judge and "
+                             "trainer), then run `clawproxy sessions delete --purge`.")
+
     def delete_session(self, session_id: str) -> int:
         with self.transaction() as conn:
             n = conn.execute("DELETE FROM turns WHERE session_id=?", (session_id,)).rowcount
@@ -334,7 +376,7 @@ class Store:
         with self.transaction() as conn:
             n = conn.execute("DELETE FROM turns").rowcount
             conn.execute("DELETE FROM sessions")
-        self.execute("VACUUM")
+            conn.execute("DELETE FROM quarantine")
         return n
 
 

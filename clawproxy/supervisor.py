@@ -14,9 +14,11 @@ import contextlib
 import ctypes
 import dataclasses
 import logging
+import logging.handlers
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clawproxy.config import Config
-from clawproxy.errors import ConfigError
+from clawproxy.errors import ConfigError, StoreError
 
 log = logging.getLogger("clawproxy")
 
@@ -62,12 +64,20 @@ class Child:
         backoff = 1.0
         while not self._stopping:
             started = time.monotonic()
-            with open(self.log_path, "ab", buffering=0) as logf:
-                logf.write(f"\n==== {time.strftime('%F %T')} starting {self.name}: {' '.join(self.argv)}\n".encode())
+            logf = subprocess.DEVNULL
+            try:
+                logf = _open_child_log(self.log_path)
+                os.write(logf, f"\n==== {time.strftime('%F %T')} starting {self.name}: {' '.join(self.argv)}\n".encode())
+            except OSError as e:
+                log.warning("cannot write %s (%s); %s runs without a log", self.log_path, e, self.name)
+            try:
                 self.proc = await asyncio.create_subprocess_exec(
                     *self.argv, stdout=logf, stderr=logf, stdin=asyncio.subprocess.DEVNULL,
                     preexec_fn=_die_with_parent,
                 )
+            finally:
+                if isinstance(logf, int) and logf >= 0:
+                    os.close(logf)
             log.info("%s started (pid %d), log: %s", self.name, self.proc.pid, self.log_path)
             probe = asyncio.create_task(self._probe(), name=f"probe:{self.name}")
             try:
@@ -127,25 +137,69 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _setup_logging(data_dir: Path) -> None:
-    (data_dir / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
+LOG_MAX_BYTES = 10 * 1024 * 1024
+LOG_BACKUPS = 5
+
+
+def _open_child_log(path: Path) -> int:
+    """A child's log, 0600 (turns and errors show up in it), rotated at start once past the size."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > LOG_MAX_BYTES:
+            for i in range(LOG_BACKUPS - 1, 0, -1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(f"{path}.{i}", f"{path}.{i + 1}")
+            os.replace(path, f"{path}.1")
+    return _open_log_fd(str(path))
+
+
+class _PrivateRotatingHandler(logging.handlers.RotatingFileHandler):
+    def _open(self):  # type: ignore[no-untyped-def]
+        return os.fdopen(_open_log_fd(self.baseFilename), "a", encoding=self.encoding or "utf-8",
+                         errors="backslashreplace")
+
+
+def _open_log_fd(path: str) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _setup_logging(cfg: Config) -> None:
+    """stderr plus ``logs/clawproxy.log`` (0600, rotated), both with secrets redacted; a data dir
+    that cannot hold the log leaves stderr alone, with a warning, rather than stop the proxy."""
+    from clawproxy.proxy.redact import RedactingFilter, Redactor
+
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    if not any(getattr(h, "_clawproxy", False) for h in root.handlers):
-        for h in (logging.StreamHandler(sys.stderr), logging.FileHandler(data_dir / "logs" / "clawproxy.log")):
-            h.setFormatter(fmt)
-            h._clawproxy = True  # type: ignore[attr-defined]
-            root.addHandler(h)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if any(getattr(h, "_clawproxy", False) for h in root.handlers):
+        return
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    problem = None
+    try:
+        (cfg.data_path / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        handlers.append(_PrivateRotatingHandler(cfg.data_path / "logs" / "clawproxy.log",
+                                                maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS))
+    except OSError as e:
+        problem = e
+    redact = RedactingFilter(Redactor(cfg.proxy.redact_patterns)) if cfg.proxy.redact_secrets else None
+    for h in handlers:
+        h.setFormatter(fmt)
+        if redact is not None:
+            h.addFilter(redact)
+        h._clawproxy = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    if problem is not None:
+        log.warning("cannot write logs under %s (%s); logging to stderr only", cfg.data_path, problem)
 
 
-def _write_run_config(cfg: Config) -> Path:
+def _write_run_config(cfg: Config, path: Path | None = None) -> Path:
     """The effective config (file + flags) that every child starts from, so they all see the same
     settings. Owner-only: it may hold control tokens, which stay off command lines (`ps` shows them)."""
     import yaml
 
-    path = cfg.data_path / "run-config.yaml"
+    path = path or cfg.data_path / "run-config.yaml"
     data = {**dataclasses.asdict(cfg), "data_dir": str(cfg.data_path)}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -195,19 +249,35 @@ def run(cfg: Config) -> None:
 async def _main(cfg: Config) -> None:
     from aiohttp import web
 
-    from clawproxy.proxy.app import create_app
+    from clawproxy.proxy.app import create_app, server_options
     from clawproxy.store import Store
 
     data = cfg.data_path
     try:
         data.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(data, 0o700)
-        _setup_logging(data)
-        Store(cfg.db_path).close()  # create/migrate up front: a broken store is a clear startup error
+    except OSError as e:
+        if not data.is_dir():
+            raise ConfigError(f"cannot use the data dir {data} ({e.strerror or e}); pass a "
+                              "writable directory with --data-dir.") from e
+    _setup_logging(cfg)
+    # A full disk or a read-only data dir must not stop the serving: the recorder spools, counts
+    # what it loses and shows it in /clawproxy/health; it resumes once the store works again.
+    try:
+        Store(cfg.db_path).close()  # create/migrate up front
+    except StoreError as e:
+        log.warning("RECORDING IS DEGRADED: %s. Serving anyway; /clawproxy/health counts what is "
+                    "lost. Free space or fix the permissions of %s.", e.message, data)
+    try:
         run_config = _write_run_config(cfg)
     except OSError as e:
-        raise ConfigError(f"cannot use the data dir {data} ({e.strerror or e}); pass a writable "
-                          "directory with --data-dir.") from e
+        import tempfile
+
+        log.warning("cannot write %s (%s); the workers get their config from a temp file",
+                    data / "run-config.yaml", e)
+        fd, tmp = tempfile.mkstemp(prefix="clawproxy-run-config-", suffix=".yaml")
+        os.close(fd)
+        run_config = _write_run_config(cfg, Path(tmp))
 
     engine, workers = build_children(cfg, run_config)
     if engine is not None:
@@ -222,7 +292,8 @@ async def _main(cfg: Config) -> None:
 
     children = [c for c in (engine, *workers) if c is not None]
     runner = web.AppRunner(
-        create_app(proxy_cfg, upstream_ready=ready), handle_signals=False, shutdown_timeout=15.0
+        create_app(proxy_cfg, upstream_ready=ready), handle_signals=False, shutdown_timeout=15.0,
+        **server_options(proxy_cfg),
     )
     await runner.setup()
     try:

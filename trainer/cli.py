@@ -240,6 +240,7 @@ def stats(config_path, data_dir, as_json, plot_path) -> None:
     store = Store(cfg.db_path)
     try:
         data = collect_stats(store)
+        data["quarantined_turns"] = store.quarantine_count()  # turns the recorder could not store
     finally:
         store.close()
     if plot_path:
@@ -265,5 +266,8 @@ def stats(config_path, data_dir, as_json, plot_path) -> None:
     if data["rollbacks"]:
         console.print("rollbacks: " + "; ".join(
             f"v{r.get('from')} -> weights of v{r.get('to')} as v{r.get('new_version')}" for r in data["rollbacks"]))
+    if data["quarantined_turns"]:
+        console.print(f"quarantined turns (not stored, kept with the reason in the store's "
+                      f"quarantine table): {data['quarantined_turns']}")
     if data["skipped_by_reason"]:
         console.print("skipped samples: " + ", ".join(f"{k} {n}" for k, n in sorted(data["skipped_by_reason"].items())))

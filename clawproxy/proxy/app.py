@@ -14,30 +14,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import hmac
 import itertools
 import logging
+import re
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from clawproxy.config import Config
 from clawproxy.errors import ConfigError, RequestError, openai_error_body
-from clawproxy.proxy.recorder import Capture, Recorder
+from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.sse import Added, EventFramer, strip_body
 
 log = logging.getLogger("clawproxy.proxy")
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/chat/completions/"})
+# What an OpenAI client calls. Everything else under /v1 stays unforwarded: the engine's control
+# verbs (load_lora_adapter, ...) trust loopback callers, and the proxy is one.
+FORWARDED_ROUTES = (
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/*", "/v1/embeddings",
+    "/v1/responses", "/v1/responses/*",
+)
 # RFC 9110 §7.6.1 hop-by-hop headers, plus what aiohttp recomputes (length, encoding, host).
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
@@ -48,6 +59,8 @@ SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 WATCH_INTERVAL_S = 0.25
 SWITCH_INTERVAL_S = 0.0005
+DONE = b"[DONE]"
+_DONE_EVENT = re.compile(rb"[\r\n]data: ?\[DONE\]")
 
 
 @dataclass
@@ -71,6 +84,61 @@ READY_KEY = web.AppKey("clawproxy_upstream_ready", object)
 STATS_KEY = web.AppKey("clawproxy_stats", ProxyStats)
 # Request ids: one random prefix per app start plus a counter (uuid4 per request costs a syscall).
 IDS_KEY = web.AppKey("clawproxy_ids", Iterator[str])
+ROUTES_KEY = web.AppKey("clawproxy_routes", Callable[[str], bool])
+
+
+def server_options(cfg: Config) -> dict[str, Any]:
+    """How the aiohttp server that runs ``create_app`` must be set up (runner / TestServer kwargs).
+
+    The proxy decompresses request bodies itself, bounded while streaming; ``keepalive_timeout``
+    also closes a connection that has not sent a complete request in that time (aiohttp arms it
+    when the connection opens), which bounds slow or stuck headers.
+    """
+    # lingering_time: after an early 4xx, aiohttp drains the unread body so the client sees the
+    # answer rather than a reset; bounded, since a slow client would keep the connection.
+    return {"auto_decompress": False, "keepalive_timeout": cfg.proxy.header_timeout_s,
+            "lingering_time": 1.0}
+
+
+def _route_matcher(extra: list[str]) -> Callable[[str], bool]:
+    """``allowed(raw_path)``; a ``*`` matches within one path segment only."""
+    pats = [*FORWARDED_ROUTES, *extra]
+    exact = frozenset(p for p in pats if not any(c in p for c in "*?["))
+    globs = [re.compile(fnmatch.translate(p).replace(".*", "[^/]*")) for p in pats if p not in exact]
+
+    def allowed(raw_path: str) -> bool:
+        path = raw_path.split("?", 1)[0]
+        # Dot segments (also percent-encoded) could reach another route once the upstream decodes.
+        if "." in path or "%" in path:
+            if {".", ".."} & set(unquote(path).replace("\\", "/").split("/")):
+                return False
+        path = path.rstrip("/") or "/"
+        return path in exact or any(g.match(path) for g in globs)
+
+    return allowed
+
+
+class _ParserNoise(logging.Filter):
+    """aiohttp logs every request its parser rejects as an ERROR with a traceback; a fuzzer or a
+    port scanner would fill the log. They are the client's problem: one line at debug level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_PARSER_NOISE = _ParserNoise()
+
+
+def _install_log_filters() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if _PARSER_NOISE not in server_log.filters:
+        server_log.addFilter(_PARSER_NOISE)
 
 
 def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> web.Application:
@@ -82,7 +150,13 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     if not cfg.proxy.upstream:
         raise ConfigError("the proxy needs proxy.upstream (e.g. --upstream http://127.0.0.1:8000).")
     app = web.Application(client_max_size=cfg.proxy.max_body_bytes)
+    _install_log_filters()
+    if not cfg.proxy.is_loopback:
+        log.warning("the proxy listens on %s, off loopback: every request must carry "
+                    "`Authorization: Bearer <proxy.control_token>`; anyone who has the token can "
+                    "use the model and read nothing else", cfg.proxy.host)
     app[CONFIG_KEY] = cfg
+    app[ROUTES_KEY] = _route_matcher(cfg.proxy.extra_routes)
     app[READY_KEY] = upstream_ready
     app[STATS_KEY] = ProxyStats(started_at=time.time())
     prefix = uuid.uuid4().hex[:16]
@@ -108,6 +182,7 @@ def run_proxy(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) 
         port=cfg.proxy.port,
         handler_cancellation=True,
         access_log=None,
+        **server_options(cfg),
         print=lambda *_: log.info("proxy on http://%s:%d/v1 -> %s (%s)", cfg.proxy.host,
                                   cfg.proxy.port, cfg.proxy.upstream, aio.loop_name()),
     )
@@ -141,8 +216,13 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 def _control_allowed(request: web.Request) -> bool:
     token = request.app[CONFIG_KEY].proxy.control_token
     if token:
-        return hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}")
+        return _has_token(request, token)
     return (request.remote or "") in LOOPBACK or (request.remote or "").startswith("127.")
+
+
+def _has_token(request: web.Request, token: str) -> bool:
+    return hmac.compare_digest(request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
+                               f"Bearer {token}".encode())
 
 
 def _control_denied() -> web.Response:
@@ -155,11 +235,24 @@ async def health(request: web.Request) -> web.Response:
         return _control_denied()
     ready = request.app[READY_KEY]
     rec = request.app[RECORDER_KEY]
+    rs = rec.stats()
+    problems = []
+    if not rs["store_ok"]:
+        problems.append(f"store unavailable: {rs['last_error']}")
+    if rs["turns_lost"]:
+        problems.append(f"{rs['turns_lost']} turn(s) lost: {rs['last_loss']}")
+    if not rs["journal_ok"]:
+        problems.append("crash journal unavailable")
     return _json({
         "status": "ok",
+        "recording": "degraded" if problems else "ok",
+        "problems": problems,
         "upstream": str(URL(request.app[CONFIG_KEY].proxy.upstream).with_user(None)),
         "upstream_ready": ready() if callable(ready) else None,
-        "store_ok": rec.store_ok,
+        "store_ok": rs["store_ok"],
+        "turns_lost": rs["turns_lost"],
+        "quarantined": rs["quarantined"],
+        "spool_records": rs["spool_records"],
     })
 
 
@@ -180,6 +273,13 @@ async def not_found(request: web.Request) -> web.Response:
                   "own endpoints under /clawproxy/", "not_found_error", "not_found")
 
 
+def _not_forwarded(request: web.Request) -> web.Response:
+    return _error(404, f"{request.path} is not forwarded by clawproxy (it serves chat/completions, "
+                  "completions, models, embeddings, responses; add more with proxy.extra_routes). "
+                  "Engine control verbs are only on the engine's own port.", "not_found_error",
+                  "not_found")
+
+
 # -- helpers -------------------------------------------------------------------------------------
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
@@ -191,12 +291,41 @@ def _error(status: int, message: str, type_: str, code: str | None = None,
                         content_type="application/json", headers=headers)
 
 
-def _request_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def _request_headers(h: CIMultiDictProxy[str], drop_auth: bool = False) -> CIMultiDict[str]:
     out = _end_to_end_headers(h)
     # Compression buys nothing on loopback and costs CPU per chunk; aiohttp still decodes it
     # if an upstream compresses anyway.
     out["Accept-Encoding"] = "identity"
+    if drop_auth:  # it carried the proxy's own token
+        out.popall("Authorization", None)
     return out
+
+
+# aiohttp parses header bytes that are not UTF-8 into surrogate escapes, and its writer drops
+# surrogates: `Bearer sk-\xe9\xff` would reach the upstream as `Bearer sk-`. Headers that hold such
+# bytes are serialized back to the bytes they came from; all others take aiohttp's own path.
+_ESCAPED = re.compile("[\udc80-\udcff]")
+
+
+def _install_raw_header_writer() -> None:
+    from aiohttp import http_writer
+
+    orig = http_writer._serialize_headers
+    if getattr(orig, "_clawproxy", False):
+        return
+
+    def serialize(status_line: str, headers: CIMultiDict[str]) -> bytes:
+        if not any(_ESCAPED.search(v) for v in headers.values()):
+            return orig(status_line, headers)
+        safe = http_writer._safe_header
+        lines = [safe(status_line), *(f"{safe(k)}: {safe(v)}" for k, v in headers.items())]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+    serialize._clawproxy = True  # type: ignore[attr-defined]
+    http_writer._serialize_headers = serialize
+
+
+_install_raw_header_writer()
 
 
 def _end_to_end_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -244,16 +373,78 @@ def _parse_chat_body(request: web.Request, body: bytes) -> dict[str, Any]:
     return obj
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+_UNREAD_BODY = frozenset({"request_timeout", "request_too_large", "invalid_content_encoding",
+                          "invalid_body"})
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(f"request body exceeds the {limit}-byte limit (proxy.max_body_bytes), "
+                        "after decompression.", status=413, code="request_too_large")
+
+
+async def _read_body(request: web.Request, limit: int, timeout: float) -> bytes:
+    """The request body, decompressed, at most ``limit`` bytes, within ``timeout`` seconds."""
     if request.content_length is not None and request.content_length > limit:
         raise RequestError(f"request body of {request.content_length} bytes exceeds the "
                            f"{limit}-byte limit (proxy.max_body_bytes).", status=413,
                            code="request_too_large")
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    # A server run without server_options() has aiohttp decompress (it marks the stream so).
+    if coding in ("", "identity") or getattr(request.content, "total_compressed_bytes", None) is not None:
+        coding = ""
+    elif coding not in ("gzip", "x-gzip", "deflate"):
+        raise RequestError(f"Content-Encoding {coding!r} is not supported; send the body "
+                           "uncompressed, gzip or deflate.", status=415,
+                           code="unsupported_content_encoding")
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestError(f"request body exceeds the {limit}-byte limit (proxy.max_body_bytes).",
-                           status=413, code="request_too_large") from None
+        async with asyncio.timeout(timeout):
+            return await _read_decoded(request.content, coding, limit)
+    except TimeoutError:
+        raise RequestError(f"the request body did not arrive within {timeout:g} s "
+                           "(proxy.body_timeout_s).", status=408, code="request_timeout") from None
+    except HttpProcessingError as e:
+        raise RequestError(f"malformed request body: {e.message}", code="invalid_body") from None
+
+
+async def _read_decoded(stream: aiohttp.StreamReader, coding: str, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    dec = None
+    if coding:
+        # gzip: header autodetected (32+); deflate: zlib-wrapped (15) or raw (-15), decided below.
+        dec = zlib.decompressobj(47 if coding != "deflate" else 15)
+        first = True
+    while chunk := await stream.readany():
+        if dec is None:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(chunk)
+            continue
+        if first and coding == "deflate" and chunk[0] & 0x0F != 8:
+            dec = zlib.decompressobj(-15)  # raw deflate, as many clients send it
+        first = False
+        data = chunk
+        while data:  # decompress in bounded steps: a 200 MB bomb stops at limit + 1 bytes
+            try:
+                out = dec.decompress(data, limit + 1 - size)
+            except zlib.error as e:
+                raise RequestError(f"request body is not valid {coding} data ({e}); drop the "
+                                   "Content-Encoding header or compress the body.",
+                                   code="invalid_content_encoding") from None
+            size += len(out)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(out)
+            data = dec.unconsumed_tail
+            if data:
+                await asyncio.sleep(0)  # a long inflate must not starve the other requests
+        if dec.eof:
+            break
+    if dec is not None and not dec.eof:
+        raise RequestError(f"request body is truncated {coding} data.",
+                           code="invalid_content_encoding")
+    return b"".join(parts)
 
 
 def _int_header(value: str | None) -> int | None:
@@ -304,18 +495,28 @@ async def forward(request: web.Request) -> web.StreamResponse:
     cfg = app[CONFIG_KEY]
     st = app[STATS_KEY]
     st.requests += 1
+    need_token = not cfg.proxy.is_loopback
+    if need_token and not _has_token(request, cfg.proxy.control_token or ""):
+        st.errors += 1
+        return _error(401, "this proxy needs `Authorization: Bearer <proxy.control_token>`",
+                      "authentication_error", "invalid_api_key")
+    if not app[ROUTES_KEY](request.raw_path):
+        st.errors += 1
+        return _not_forwarded(request)
     is_chat = request.method == "POST" and request.path in CHAT_PATHS
     t0 = time.perf_counter()
     rid = next(app[IDS_KEY])
     cap: Capture | None = None
     added = Added()
     try:
-        body = await _read_body(request, cfg.proxy.max_body_bytes)
         if is_chat:
             st.chat_requests += 1
             cap = Capture(rid, time.time(), request.path, t0,
-                          session_headers={k: v for k in SESSION_HEADERS
+                          session_headers={k: clean_header(v) for k in SESSION_HEADERS
                                            if (v := request.headers.get(k))})
+        body = await _read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
+        if cap is not None:
+            cap.raw_body = body
             obj = _parse_chat_body(request, body)
             cap.body = obj
             if cfg.proxy.record_tokens and not st.token_fields_refused:
@@ -326,19 +527,33 @@ async def forward(request: web.Request) -> web.StreamResponse:
         if cap is not None:
             cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
             app[RECORDER_KEY].submit(cap)
-        return _error(e.status, e.message, e.type, e.code)
+        resp = _error(e.status, e.message, e.type, e.code)
+        if e.code in _UNREAD_BODY:
+            resp.force_close()  # the rest of the body is still on the wire: drop the connection
+        return resp
+    except Exception as e:  # a bug of ours: logged with its traceback, the client gets JSON
+        log.exception("proxy error reading %s %s", request.method, request.path)
+        st.errors += 1
+        if cap is not None:
+            cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
+            cap.error = f"proxy error: {type(e).__name__}: {e}"
+            app[RECORDER_KEY].submit(cap)
+        resp = _error(500, "internal proxy error; see the clawproxy log", "server_error")
+        resp.force_close()
+        return resp
 
     st.in_flight += 1
     watch = _ClientWatch(request, rid)
     try:
         if added:
             resp = await _proxy(request, _splice_fields(body, added.logprobs, added.token_ids),
-                                cap, added, watch)
+                                cap, added, watch, need_token)
             if resp is not _REFUSED:
                 return resp
             if cap is not None:
                 cap.http_status = cap.header_weight_version = None
-            resp = await _proxy(request, body, cap, Added(), watch)
+                cap.chunks.clear()
+            resp = await _proxy(request, body, cap, Added(), watch, need_token)
             # Only when the same request succeeds without our fields were they the problem; a
             # 400 about the client's own fields (say, top_logprobs out of range) must not turn
             # token recording off for everyone.
@@ -347,7 +562,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
                             "token ids from now on (set proxy.record_tokens: false to silence this)")
             return resp
-        return await _proxy(request, body, cap, added, watch)
+        return await _proxy(request, body, cap, added, watch, need_token)
     except asyncio.CancelledError:
         st.aborted += 1
         if cap is not None and cap.t_end is None:
@@ -390,13 +605,13 @@ _REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token 
 
 
 async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
-                 watch: _ClientWatch) -> web.StreamResponse:
+                 watch: _ClientWatch, drop_auth: bool = False) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG_KEY]
     url = URL(cfg.proxy.upstream + request.raw_path, encoded=True)
     try:
         up = await app[UPSTREAM_KEY].request(
-            request.method, url, headers=_request_headers(request.headers),
+            request.method, url, headers=_request_headers(request.headers, drop_auth),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
             allow_redirects=False,
         )
@@ -433,46 +648,68 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
 
 async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIMultiDict[str],
                   cap: Capture | None, strip: Added, watch: _ClientWatch) -> web.StreamResponse:
-    """Pass the event stream through as it arrives; a copy of each read goes to the capture."""
+    """Pass the event stream through as it arrives; a copy of each read goes to the capture.
+
+    The turn is handed to the recorder (journaled) before the read that holds ``[DONE]`` is
+    forwarded, so a client that saw the end of a turn can rely on it being on disk. A stream
+    that ends without ``[DONE]`` gets an in-band error event and is recorded as an error.
+    """
     resp = web.StreamResponse(status=up.status, headers=headers)
     framer = None
     chunks = None
     if cap is not None:
         cap.stream = True
+        chunks = cap.chunks
         if strip:
             # We parse the events that carry our fields anyway: the recorder gets those objects.
             cap.events = []
             framer = EventFramer(strip, cap.events)
-        else:
-            chunks = cap.chunks
     await resp.prepare(request)
+    done = False
+    tail = b"\n"
     try:
         async for data in up.content.iter_any():
-            if cap is not None and cap.t_first is None:
-                cap.t_first = time.perf_counter()
+            if not done:
+                # A newline never occurs inside a JSON payload: "[DONE]" in generated text is no end.
+                if DONE in data or DONE in tail[-8:] + data[:8]:
+                    done = _DONE_EVENT.search(tail + data) is not None
+                tail = data[-24:] if len(data) >= 24 else (tail + data)[-24:]
+            if chunks is not None and cap.t_end is None:
+                if cap.t_first is None:
+                    cap.t_first = time.perf_counter()
+                chunks.append(data)
             if framer is not None:
                 data = framer.feed(data)
-                if not data:
-                    continue
-            elif chunks is not None:
-                chunks.append(data)
-            await resp.write(data)
-        if framer is not None and (tail := framer.flush()):
-            await resp.write(tail)
+            if done and cap is not None and cap.t_end is None:
+                if framer is not None:
+                    framer.detach()
+                cap.done = True
+                _finish(request, cap)
+            if data:
+                await resp.write(data)
+        if framer is not None and (rest := framer.flush()):
+            await resp.write(rest)
+        if not done and up.status < 400:
+            raise _StreamCut("upstream closed the stream before [DONE]")
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         request.app[STATS_KEY].aborted += 1
         up.close()  # cancels the upstream generation
-        if cap is not None:
+        if cap is not None and cap.t_end is None:
             cap.status, cap.error = "aborted", "client disconnected"
         _finish(request, cap)
         return resp
-    except (TimeoutError, aiohttp.ClientError) as e:
+    except (TimeoutError, aiohttp.ClientError, _StreamCut) as e:
         # Headers are gone already: tell the client in-band, record the failure, end the stream.
         up.close()
-        msg = ("upstream stopped sending (read timeout)" if isinstance(e, TimeoutError)
-               else f"upstream stream failed: {type(e).__name__}: {e}")
+        if isinstance(e, TimeoutError):
+            msg = "upstream stopped sending (read timeout)"
+        elif isinstance(e, _StreamCut):
+            msg = str(e)
+        else:
+            msg = f"upstream stream failed: {type(e).__name__}: {e}"
+        log.warning("%s", msg)
         request.app[STATS_KEY].errors += 1
-        if cap is not None:
+        if cap is not None and cap.t_end is None:
             cap.status, cap.error = "error", msg
         _finish(request, cap)
         with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -483,6 +720,10 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
         await resp.write_eof()
     return resp
+
+
+class _StreamCut(Exception):
+    """The upstream ended a 2xx event stream without its [DONE]."""
 
 
 def _finish(request: web.Request, cap: Capture | None) -> None:

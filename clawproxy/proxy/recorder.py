@@ -1,13 +1,22 @@
 """The recorder: takes captured turns off the request path and writes them to the store.
 
-The request path only appends raw bytes to a ``Capture`` and hands it over with ``submit`` (a
-non-blocking put on a bounded queue). An owned task drains the queue in batches and runs all the
-expensive work (SSE reassembly, session tracking, SQLite writes) in one worker thread, because
-``Store`` is synchronous and the tracker's state wants a single writer.
+The request path only appends raw bytes to a ``Capture`` and hands it over with ``submit``, which
+first appends the raw turn to ``<data_dir>/journal.bin`` (one ``write``, no fsync: it survives a
+SIGKILL of the proxy, not a power cut) and then puts it on a bounded queue. The proxy calls
+``submit`` before it forwards a stream's ``[DONE]``, so a turn the client saw finish is on disk. An
+owned task drains the queue in batches and runs all the expensive work (SSE reassembly, redaction,
+session tracking, SQLite writes) in one worker thread; once the queue is empty after a batch,
+everything journaled is stored and the journal is truncated. At start, the journal is replayed
+(ingest is idempotent by request_id), so turns a kill caught between journal and store are kept.
 
-If the store cannot be opened or a write fails, the request has already succeeded; the record is
-logged loudly and appended to ``<data_dir>/spool.jsonl``, which is replayed into the store at the
-next start and as soon as a write succeeds again.
+Failures are kept apart:
+- the store fails (full disk, I/O error, locked, cannot open): the record goes to
+  ``spool.jsonl`` (fsynced), replayed at the next start and as soon as a write succeeds again;
+  if the spool cannot be written either, the turn is counted as lost (health and stats show it);
+- one record cannot be stored (a field of a type no column takes, nesting too deep for the
+  serializer, a bug of ours): it goes alone to the ``quarantine`` table (or
+  ``quarantine.jsonl`` while the store is down) with the reason, never blocking the others.
+Secret-looking strings are redacted before a record reaches the store, spool or quarantine.
 """
 
 from __future__ import annotations
@@ -26,13 +35,25 @@ import orjson
 
 from clawproxy.config import Config
 from clawproxy.errors import StoreError
+from clawproxy.proxy.redact import Redactor
 from clawproxy.proxy.sessions import SessionTracker, body_hash
 from clawproxy.proxy.sse import assemble_events, assemble_json, assemble_stream
 from clawproxy.store import Store
 
 log = logging.getLogger("clawproxy.recorder")
-# What "the store failed" looks like (spool and retry); anything else is a bug in the recorder.
-STORE_FAILURES = (sqlite3.Error, StoreError, OSError)
+# SQLite errors that say the record itself is wrong; every other sqlite3.Error is the store.
+RECORD_SQL_ERRORS = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingError,
+                     sqlite3.DataError)
+JOURNAL_MAGIC = b"CJ1 "
+# Text columns a client or upstream can fill with any JSON value: stored as text whatever came.
+_TEXT_FIELDS = ("model", "finish_reason", "error", "response_text", "response_reasoning")
+
+
+def is_store_failure(e: BaseException) -> bool:
+    """A failure of the store (retry later: spool) rather than of this one record (quarantine)."""
+    if isinstance(e, sqlite3.Error):
+        return not isinstance(e, RECORD_SQL_ERRORS)
+    return isinstance(e, (StoreError, OSError))
 
 
 @dataclass(slots=True)
@@ -44,20 +65,35 @@ class Capture:
     path: str
     t0: float  # perf_counter at arrival
     body: dict[str, Any] | None = None
+    raw_body: bytes = b""  # the client's body as received (journaled; ``body`` is its parse)
     session_headers: dict[str, str] = field(default_factory=dict)
     stream: bool = False
+    done: bool = False  # the stream's [DONE] arrived
     http_status: int | None = None
     status: str = "ok"
     error: str | None = None
-    chunks: list[bytes] = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)  # the upstream's bytes, as received
     events: list[bytes | dict[str, Any]] | None = None  # whole events, when the hot path framed them
     header_weight_version: int | None = None
     t_first: float | None = None
     t_end: float | None = None
 
 
-def parse_capture(cap: Capture) -> dict[str, Any]:
-    """Turn a capture into a plain, JSON-serializable record (also the spool format)."""
+def clean_header(value: str) -> str:
+    """A header value as text: bytes that were not UTF-8 (surrogate-escaped by aiohttp) become U+FFFD."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, Any]:
+    """Turn a capture into a plain, JSON-serializable record (also the spool format).
+
+    Raises (TypeError, ValueError, orjson.JSONEncodeError...) when the turn cannot be represented;
+    the recorder quarantines it with the reason.
+    """
     raw = b"".join(cap.chunks)
     asm = None
     if cap.http_status is not None and cap.http_status < 400:
@@ -70,6 +106,13 @@ def parse_capture(cap: Capture) -> dict[str, Any]:
         status, error = "error", asm.error
     if cap.http_status is not None and cap.http_status >= 400 and status == "ok":
         status = "error"
+    if cap.stream and status == "ok" and cap.http_status is not None and cap.http_status < 400:
+        if not cap.done:
+            status, error = "error", "upstream closed the stream before [DONE]"
+        elif asm is not None and asm.bad_events:
+            status, error = "error", f"upstream sent {asm.bad_events} event(s) that are not JSON"
+        elif asm is not None and not asm.events:
+            status, error = "error", "upstream stream carried no chunks"
     if error is None and status == "error" and raw:
         error = raw[:2000].decode("utf-8", "replace")
     body = cap.body or {}
@@ -83,8 +126,7 @@ def parse_capture(cap: Capture) -> dict[str, Any]:
         "model": (asm.model if asm and asm.model else None) or body.get("model"),
         "stream": int(bool(body.get("stream"))),
         "request_body": cap.body,
-        "session_headers": cap.session_headers,
-        "body_hash": body_hash(body) if body else None,
+        "session_headers": {k: clean_header(v) for k, v in cap.session_headers.items()},
         "ttft_ms": (cap.t_first - cap.t0) * 1000 if cap.t_first else None,
         "total_ms": ((cap.t_end or time.perf_counter()) - cap.t0) * 1000,
         "header_weight_version": cap.header_weight_version,
@@ -102,16 +144,94 @@ def parse_capture(cap: Capture) -> dict[str, Any]:
             weight_versions=asm.weight_versions or None,
             weight_version=asm.weight_versions[0] if asm.weight_versions else None,
         )
+    for k in _TEXT_FIELDS:
+        v = rec.get(k)
+        if v is not None and not isinstance(v, str):
+            rec[k] = orjson.dumps(v).decode()
+    # One serialization checks that everything can be stored, and carries the redaction.
+    data = orjson.dumps(rec)
+    if redactor is not None:
+        clean = redactor.bytes(data)
+        if clean != data:
+            # Token ids spell the secret out again; without them the trainer skips the turn.
+            for k in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
+                rec[k] = None
+            clean = redactor.bytes(orjson.dumps(rec))
+        data = clean
+    rec = orjson.loads(data)
+    rec["body_hash"] = body_hash(rec["request_body"]) if rec["request_body"] else None
     return rec
 
 
+def raw_turn_text(cap: Capture, redactor: Redactor | None) -> str:
+    """What a quarantined turn keeps when it has no record: its raw request and response."""
+    data = b"request: " + cap.raw_body + b"\nresponse: " + b"".join(cap.chunks)
+    if redactor is not None:
+        data = redactor.bytes(data)
+    return data.decode("utf-8", "replace")
+
+
+# -- the journal: raw turns, appended before the client's last byte ------------------------------
+def journal_entry(cap: Capture) -> bytes:
+    resp = b"".join(cap.chunks)
+    meta = orjson.dumps({
+        "id": cap.request_id, "at": cap.created_at, "path": cap.path, "stream": cap.stream,
+        "done": cap.done, "http": cap.http_status, "status": cap.status, "error": cap.error,
+        "h": {k: clean_header(v) for k, v in cap.session_headers.items()},
+        "wv": cap.header_weight_version,
+        "ttft": cap.t_first - cap.t0 if cap.t_first else None,
+        "total": (cap.t_end or time.perf_counter()) - cap.t0,
+        "nb": len(cap.raw_body), "nr": len(resp),
+    })
+    return b"".join((JOURNAL_MAGIC, meta, b"\n", cap.raw_body, resp))
+
+
+def read_journal(path: Path) -> list[Capture]:
+    """The complete entries of a journal file; a torn last entry (killed mid-write) is skipped."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    out, pos = [], 0
+    while pos < len(data):
+        if not data.startswith(JOURNAL_MAGIC, pos):
+            log.error("journal %s: unreadable from byte %d; the rest is skipped", path, pos)
+            break
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        try:
+            m = orjson.loads(data[pos + len(JOURNAL_MAGIC) : nl])
+        except orjson.JSONDecodeError:
+            break
+        end = nl + 1 + m["nb"] + m["nr"]
+        if end > len(data):
+            break  # torn: the client never got this turn's last byte
+        raw_body = data[nl + 1 : nl + 1 + m["nb"]]
+        try:
+            body = orjson.loads(raw_body) if raw_body else None
+        except orjson.JSONDecodeError:
+            body = None
+        cap = Capture(m["id"], m["at"], m["path"], 0.0, body=body if isinstance(body, dict) else None,
+                      raw_body=raw_body, session_headers=m["h"], stream=m["stream"],
+                      done=m["done"], http_status=m["http"], status=m["status"], error=m["error"],
+                      header_weight_version=m["wv"], t_first=m["ttft"], t_end=m["total"])
+        cap.chunks.append(data[nl + 1 + m["nb"] : end])
+        out.append(cap)
+        pos = end
+    return out
+
+
 class Recorder:
-    """Bounded queue + owned drain task + single worker thread + spool. See the module docstring."""
+    """Journal + bounded queue + owned drain task + single worker thread + spool + quarantine."""
 
     def __init__(self, cfg: Config, *, reopen_interval_s: float = 2.0, finalize_interval_s: float | None = None):
         self.cfg = cfg
         self.data_dir = cfg.data_path
         self.spool_path = self.data_dir / "spool.jsonl"
+        self.journal_path = self.data_dir / "journal.bin"
+        self.quarantine_path = self.data_dir / "quarantine.jsonl"
+        self.redactor = Redactor(cfg.proxy.redact_patterns) if cfg.proxy.redact_secrets else None
         self.queue: asyncio.Queue[Capture] = asyncio.Queue(maxsize=cfg.proxy.recorder_queue_size)
         self.tracker = SessionTracker(cfg.sessions.retry_window_s, cfg.sessions.idle_timeout_s)
         self.reopen_interval_s = reopen_interval_s
@@ -120,16 +240,22 @@ class Recorder:
         self.store_ok = False
         self.recorded = 0
         self.spooled = 0
-        self.dropped = 0
+        self.quarantined = 0
+        self.lost = 0  # neither stored, spooled nor quarantined (store and disk both failed)
+        self.overflow = 0  # queue full: kept only in the journal until the next start
         self.last_error: str | None = None
+        self.last_loss: str | None = None  # why the last lost turn could not even be spooled
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawproxy-recorder")
         self._tasks: list[asyncio.Task] = []
         self._last_open_try = 0.0
+        self._journal_fd: int | None = None
+        self._journal_bytes = 0
+        self._journal_failed = False
 
     # -- lifecycle (event loop) ------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._open_and_replay)
+        await loop.run_in_executor(self._executor, self._startup)
         self._tasks = [
             asyncio.create_task(self._drain(), name="clawproxy-recorder"),
             asyncio.create_task(self._finalize_loop(), name="clawproxy-session-finalizer"),
@@ -153,28 +279,47 @@ class Recorder:
         loop = asyncio.get_running_loop()
         if left:  # replayed at the next start
             await loop.run_in_executor(self._executor, self._spool_captures, left)
+        if not self.overflow:
+            self._truncate_journal()
         await loop.run_in_executor(self._executor, self._close_store)
         self._executor.shutdown(wait=True)
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
 
     def submit(self, cap: Capture) -> None:
-        """Hand a finished capture to the recorder; never blocks, never raises."""
+        """Journal a finished capture and hand it to the recorder; never blocks, never raises."""
+        if self._journal_fd is not None:
+            try:
+                entry = journal_entry(cap)
+                os.write(self._journal_fd, entry)
+                self._journal_bytes += len(entry)
+                self._journal_failed = False
+            except Exception as e:  # a full disk must not fail the request
+                if not self._journal_failed:
+                    log.error("cannot append turn %s to %s (%s); it is only in memory until "
+                              "stored", cap.request_id, self.journal_path, e)
+                self._journal_failed = True
         try:
             self.queue.put_nowait(cap)
         except asyncio.QueueFull:
-            self.dropped += 1
-            log.error(
-                "recorder queue full (%d): turn %s not recorded; the store is too slow",
-                self.queue.maxsize, cap.request_id,
-            )
+            self.overflow += 1
+            log.error("recorder queue full (%d): turn %s waits in %s for the next start; the "
+                      "store is too slow", self.queue.maxsize, cap.request_id, self.journal_path)
 
     def stats(self) -> dict[str, Any]:
         return {
             "queue_depth": self.queue.qsize(),
             "turns_recorded": self.recorded,
             "spool_records": self.spooled,
-            "dropped": self.dropped,
+            "quarantined": self.quarantined,
+            "turns_lost": self.lost,
+            "queue_overflow": self.overflow,
+            "dropped": self.lost,  # older name of turns_lost
             "store_ok": self.store_ok,
+            "journal_ok": self._journal_fd is not None and not self._journal_failed,
             "last_error": self.last_error,
+            "last_loss": self.last_loss,
         }
 
     async def _drain(self) -> None:
@@ -190,6 +335,18 @@ class Recorder:
             finally:
                 for _ in batch:
                     self.queue.task_done()
+            # Everything journaled was queued at the same moment: an empty queue after a batch
+            # means every journaled turn is now in the store, spool or quarantine.
+            if self.queue.empty() and not self.overflow:
+                self._truncate_journal()
+
+    def _truncate_journal(self) -> None:
+        if self._journal_fd is not None and self._journal_bytes:
+            try:
+                os.ftruncate(self._journal_fd, 0)
+                self._journal_bytes = 0
+            except OSError as e:
+                log.error("cannot truncate %s (%s)", self.journal_path, e)
 
     async def _finalize_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -201,6 +358,24 @@ class Recorder:
                 log.exception("recorder: finalizing idle sessions failed")
 
     # -- worker thread -----------------------------------------------------------------------------
+    def _startup(self) -> None:
+        self._open_and_replay()
+        self._count_quarantine()
+        # Turns a kill caught between the journal and the store (ingest skips those stored).
+        caps = read_journal(self.journal_path)
+        if caps:
+            log.warning("replaying %d turn(s) from %s (the proxy was killed)", len(caps),
+                        self.journal_path)
+            self._process(caps)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.ftruncate(self._journal_fd, 0)
+        except OSError as e:
+            self._journal_fd = None
+            log.error("RECORDING AT RISK: cannot open %s (%s); a killed proxy loses its last "
+                      "turns", self.journal_path, e)
+
     def _open_and_replay(self) -> None:
         self._last_open_try = time.monotonic()
         try:
@@ -214,13 +389,14 @@ class Recorder:
             self.spooled = self._count_spool()
             return
         self._replay_spool()
+        self._replay_quarantine_file()
 
     def _spool_captures(self, caps: list[Capture]) -> None:
         for cap in caps:
             try:
-                self._spool(parse_capture(cap))
-            except Exception:
-                log.exception("recorder: cannot parse turn %s; skipped", cap.request_id)
+                self._spool(parse_capture(cap, self.redactor))
+            except Exception as e:
+                self._quarantine_capture(cap, e)
 
     def _close_store(self) -> None:
         if self.store is not None:
@@ -232,11 +408,15 @@ class Recorder:
             self._open_and_replay()
         for cap in batch:
             try:
-                rec = parse_capture(cap)
-            except Exception:
-                log.exception("recorder: cannot parse turn %s; skipped", cap.request_id)
+                rec = parse_capture(cap, self.redactor)
+            except Exception as e:
+                self._quarantine_capture(cap, e)
                 continue
-            self._write(rec)
+            try:
+                self._write(rec)
+            except Exception as e:  # each record alone: one bad turn never costs the batch
+                self._quarantine(rec.get("request_id"), f"recorder error: {type(e).__name__}: {e}",
+                                 rec)
             time.sleep(0)  # let the event loop have the GIL between records
 
     def _write(self, rec: dict[str, Any]) -> bool:
@@ -256,47 +436,117 @@ class Recorder:
                 if rec.get("weight_versions") is None and rec["status"] == "ok":
                     rec["weight_versions"] = [rec["weight_version"]]
             self.tracker.ingest(self.store, rec)
-        except STORE_FAILURES as e:
+        except Exception as e:
             self.tracker.forget()
-            self.store_ok = False
-            self.last_error = f"store write failed: {e}"
-            log.error("STORE WRITE FAILED for turn %s (%s); spooled to %s",
-                      rec["request_id"], e, self.spool_path)
-            self._spool(rec)
-            return False
-        except Exception:
-            # A bug of ours, not the store: replaying would fail again, so keep it aside.
-            self.tracker.forget()
-            log.exception("cannot record turn %s; kept in %s", rec["request_id"],
-                          self.data_dir / "rejected.jsonl")
-            self._spool(rec, self.data_dir / "rejected.jsonl")
+            if is_store_failure(e):
+                self.store_ok = False
+                self.last_error = f"store write failed: {e}"
+                log.error("STORE WRITE FAILED for turn %s (%s); spooled to %s",
+                          rec["request_id"], e, self.spool_path)
+                self._spool(rec)
+            else:
+                self._quarantine(rec["request_id"], f"cannot store: {type(e).__name__}: {e}", rec)
             return False
         self.recorded += 1
         if not self.store_ok:
             self.store_ok = True
+            self.last_error = None
             self._replay_spool()
         return True
 
-    def _spool(self, rec: dict[str, Any], path: Path | None = None) -> None:
+    # -- quarantine --------------------------------------------------------------------------------
+    def _quarantine_capture(self, cap: Capture, e: BaseException) -> None:
+        self._quarantine(cap.request_id, f"cannot parse: {type(e).__name__}: {e}", None,
+                         raw_turn_text(cap, self.redactor))
+
+    def _quarantine(self, request_id: str | None, reason: str, rec: dict[str, Any] | None,
+                    text: str | None = None) -> None:
+        """Keep one turn aside with its reason: the store's quarantine table, else a file."""
+        if text is None:
+            try:
+                text = orjson.dumps(rec).decode()
+            except Exception:
+                text = repr(rec)[:100_000]
+        log.warning("turn %s quarantined: %s", request_id, reason)
+        self.quarantined += 1
+        if self.store is not None and self.store_ok:
+            try:
+                self.store.quarantine(request_id, reason, text)
+                return
+            except Exception as e:
+                log.error("cannot quarantine turn %s in the store (%s); using %s", request_id, e,
+                          self.quarantine_path)
+        line = orjson.dumps({"request_id": request_id, "created_at": time.time(),
+                             "reason": reason, "record": text})
+        if not self._append(self.quarantine_path, line):
+            self.quarantined -= 1
+            self.lost += 1
+
+    def _count_quarantine(self) -> None:
+        n = 0
+        if self.store is not None:
+            try:
+                n = self.store.quarantine_count()
+            except Exception as e:
+                log.error("cannot count quarantined turns (%s)", e)
+        self.quarantined = n + self._count_lines([self.quarantine_path])
+
+    def _replay_quarantine_file(self) -> None:
+        """Quarantined while the store was down: move them into the table."""
+        if self.store is None or not self.quarantine_path.exists():
+            return
+        try:
+            lines = [x for x in self.quarantine_path.read_bytes().splitlines() if x.strip()]
+            with self.store.transaction():
+                for line in lines:
+                    try:
+                        q = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    self.store.quarantine(q.get("request_id"), q.get("reason") or "?", q.get("record"))
+            self.quarantine_path.unlink()
+        except Exception as e:
+            log.error("cannot move %s into the store (%s); kept", self.quarantine_path, e)
+
+    # -- spool -------------------------------------------------------------------------------------
+    def _append(self, path: Path, line: bytes) -> bool:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path or self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                os.write(fd, orjson.dumps(rec) + b"\n")
+                os.write(fd, line + b"\n")
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            if path is None:
-                self.spooled += 1
+            return True
         except OSError as e:
-            self.dropped += 1
-            log.error("cannot spool turn %s to %s (%s): record lost", rec["request_id"], self.spool_path, e)
+            self.last_loss = f"cannot write {path.name}: {e}"
+            log.error("RECORD LOST: cannot write %s (%s)", path, e)
+            return False
+
+    def _spool(self, rec: dict[str, Any]) -> None:
+        try:
+            line = orjson.dumps(rec)
+        except Exception as e:
+            self._quarantine(rec.get("request_id"), f"cannot serialize: {e}", None, repr(rec)[:100_000])
+            return
+        if self._append(self.spool_path, line):
+            self.spooled += 1
+        else:
+            self.lost += 1
 
     def _count_spool(self) -> int:
+        return self._count_lines(self._spool_files())
+
+    @staticmethod
+    def _count_lines(paths: list[Path]) -> int:
         n = 0
-        for p in self._spool_files():
-            with open(p, "rb") as f:
-                n += sum(1 for line in f if line.strip())
+        for p in paths:
+            try:
+                with open(p, "rb") as f:
+                    n += sum(1 for line in f if line.strip())
+            except OSError:
+                pass
         return n
 
     def _spool_files(self) -> list[Path]:
@@ -308,16 +558,25 @@ class Recorder:
         """Feed spooled records into the store, oldest first; True when the spool is empty after.
 
         Ingest is idempotent (request_id is unique). While the store still fails, the first record
-        fails alone and the files are left as they are, so retrying costs one write per call.
+        fails alone and the files are left as they are, so retrying costs one write per call. A
+        record the store refuses for its own sake is quarantined, never retried forever.
         """
         if self.store is None:
             return False
-        files = self._spool_files()
-        if not files:
-            self.spooled = 0
-            return True
-        if not self._probe_spool(files[0]):
+        try:
+            files = self._spool_files()
+            if not files:
+                self.spooled = 0
+                return True
+            if not self._probe_spool(files[0]):
+                return False
+            return self._replay_files(files)
+        except OSError as e:
+            self.last_error = f"spool replay failed: {e}"
+            log.error("spool replay failed (%s); the spool is kept", e)
             return False
+
+    def _replay_files(self, files: list[Path]) -> bool:
         replayed = failed = 0
         broken = False
         for p in files:
@@ -332,7 +591,8 @@ class Recorder:
                 try:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    log.error("spool: skipping a corrupt line in %s", work)
+                    self._quarantine(None, "corrupt spool line", None,
+                                     line.decode("utf-8", "replace"))
                     continue
                 if self.store is not None and not broken:
                     try:
@@ -340,17 +600,16 @@ class Recorder:
                         replayed += 1
                         self.recorded += 1
                         continue
-                    except STORE_FAILURES as e:
+                    except Exception as e:
                         self.tracker.forget()
+                        if not is_store_failure(e):
+                            self._quarantine(rec.get("request_id"),
+                                             f"cannot store: {type(e).__name__}: {e}", rec)
+                            continue
                         self.store_ok = False
                         self.last_error = f"store write failed during replay: {e}"
                         log.error("spool replay failed (%s); keeping the rest", e)
                         broken = True
-                    except Exception:
-                        self.tracker.forget()
-                        log.exception("spool: cannot replay turn; moved to rejected.jsonl")
-                        self._spool(rec, self.data_dir / "rejected.jsonl")
-                        continue
                 failed += 1
                 self._append_spool_line(line)
             work.unlink()
@@ -367,19 +626,18 @@ class Recorder:
         try:
             rec = orjson.loads(line) if line is not None else None
         except orjson.JSONDecodeError:
-            return True  # the full replay skips it
+            return True  # the full replay quarantines it
         if rec is None:
             return True
         try:
             self.tracker.ingest(self.store, rec)
-        except STORE_FAILURES as e:
+        except Exception as e:
             self.tracker.forget()
+            if not is_store_failure(e):
+                return True  # the full replay quarantines it
             self.store_ok = False
             self.last_error = f"store write failed during replay: {e}"
             return False
-        except Exception:
-            self.tracker.forget()
-            return True  # the full replay moves it to rejected.jsonl
         return True
 
     def _append_spool_line(self, line: bytes) -> None:

@@ -59,11 +59,9 @@ def normalize_message(msg: Any) -> tuple:
     role = msg.get("role", "")
     text = _WS_RE.sub(" ", _THINK_RE.sub("", message_text(msg))).strip()
     calls = tuple(
-        (
-            (tc.get("function") or {}).get("name", ""),
-            _canon_args((tc.get("function") or {}).get("arguments", "")),
-        )
-        for tc in (msg.get("tool_calls") or ())
+        (str(fn.get("name", "")), _canon_args(fn.get("arguments", "")))
+        if isinstance(fn := tc.get("function"), dict) else ("?", repr(fn))
+        for tc in (msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else ())
         if isinstance(tc, dict)
     )
     tcid = _NON_ALNUM.sub("", str(msg.get("tool_call_id") or ""))
@@ -80,7 +78,8 @@ _DIGEST_LOCK = threading.Lock()  # several apps (tests) may share the process
 def message_digest(m: Any) -> bytes:
     """Digest of ``normalize_message(m)``."""
     key = None
-    if isinstance(m, dict) and isinstance(m.get("content"), str) and len(m) == 2 and "role" in m:
+    if (isinstance(m, dict) and isinstance(m.get("content"), str) and len(m) == 2
+            and isinstance(m.get("role"), str)):
         key = (m["role"], m["content"])
         with _DIGEST_LOCK:
             d = _DIGESTS.get(key)

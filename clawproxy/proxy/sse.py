@@ -163,6 +163,10 @@ class EventFramer:
         rest, self._rest = self._rest, b""
         return strip_event(rest, self._added, self._sink) if rest else b""
 
+    def detach(self) -> None:
+        """Stop filling the sink (the recorder owns it from now on); stripping goes on."""
+        self._sink = None
+
 
 # -- reassembly (recorder thread) ----------------------------------------------------------------
 _REASONING_KEYS = ("reasoning_content", "reasoning", "reasoning_text")
@@ -186,6 +190,7 @@ class Assembled:
     error: str | None = None
     saw_done: bool = False
     events: int = 0
+    bad_events: int = 0  # data events that were not a JSON object
 
 
 def _generated(obj: dict[str, Any]) -> bool:
@@ -276,20 +281,24 @@ class _StreamState:
             if not isinstance(tc, dict):
                 continue
             key = tc.get("index", tc.get("id"))
+            if not isinstance(key, (int, str)) or isinstance(key, bool):
+                key = repr(key)  # a list or dict index cannot key the calls
             call = self._call(key)
-            if tc.get("id"):
+            if isinstance(tc.get("id"), str) and tc["id"]:
                 call["id"] = tc["id"]
-            if tc.get("type"):
+            if isinstance(tc.get("type"), str) and tc["type"]:
                 call["type"] = tc["type"]
-            fn = tc.get("function") or {}
-            if fn.get("name") and not call["function"]["name"]:
+            fn = tc.get("function")
+            if not isinstance(fn, dict):  # malformed ({"function": "x"}): keep what it says
+                fn = {"name": fn} if isinstance(fn, str) else {}
+            if isinstance(fn.get("name"), str) and fn["name"] and not call["function"]["name"]:
                 call["function"]["name"] = fn["name"]
             if isinstance(fn.get("arguments"), str):
                 call["function"]["arguments"] += fn["arguments"]
         fc = delta.get("function_call")
         if isinstance(fc, dict):
             call = self._call("function_call")
-            if fc.get("name") and not call["function"]["name"]:
+            if isinstance(fc.get("name"), str) and fc["name"] and not call["function"]["name"]:
                 call["function"]["name"] = fc["name"]
             if isinstance(fc.get("arguments"), str):
                 call["function"]["arguments"] += fc["arguments"]
@@ -345,9 +354,12 @@ def assemble_events(events: list[bytes | dict[str, Any]]) -> Assembled:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
+            state.out.bad_events += 1
             continue
         if isinstance(obj, dict):
             state.chunk(obj)
+        else:
+            state.out.bad_events += 1
     return state.finish()
 
 

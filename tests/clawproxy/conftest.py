@@ -12,6 +12,7 @@ import pytest
 
 from clawproxy.config import Config, load_config
 from clawproxy.proxy import create_app
+from clawproxy.proxy.app import server_options
 from clawproxy.store import Store
 from tests.clawproxy.fake_upstream import FakeUpstream
 
@@ -67,9 +68,9 @@ async def make_rig(aiohttp_server, tmp_path) -> Callable[..., Any]:
         up = await aiohttp_server(fake.app())
         up_url = upstream or str(up.make_url("")).rstrip("/")
         cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": up_url,
-                                 **overrides})
+                                 "proxy.extra_routes": ["/v1/echo/*"], **overrides})
         app = create_app(cfg, upstream_ready=upstream_ready)
-        srv = await aiohttp_server(app)
+        srv = await aiohttp_server(app, **server_options(cfg))
         client = aiohttp.ClientSession()
         clients.append(client)
         return ProxyRig(fake, up_url, str(srv.make_url("")).rstrip("/"), cfg, client, app)

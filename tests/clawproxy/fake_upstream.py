@@ -14,6 +14,8 @@ tests do not interfere:
     x-fake-delay-ms pause between chunks
     x-fake-gzip     1: gzip the response body (even an event stream)
     x-fake-reject-tokens 1: answer 400 to requests with logprobs/return_token_ids (not vLLM)
+    x-fake-raw      base64 of bytes streamed verbatim as the SSE body (garbage, a cut-off stream);
+                    with x-fake-raw-close 1 the connection is closed after them (no chunked end)
     x-fake-stamp    1: each chunk carries ``sent_ns`` (time.monotonic_ns() when written), so a
                     client on the same machine can measure per-chunk delivery latency
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -46,8 +49,8 @@ def _text(msg: dict[str, Any]) -> str:
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
     """The last real user message, skipping OpenClaw's trailing internal-context message."""
-    for m in reversed(messages):
-        if m.get("role") == "user" and not _text(m).lstrip().startswith(CTX):
+    for m in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(m, dict) and m.get("role") == "user" and not _text(m).lstrip().startswith(CTX):
             return _text(m)
     return ""
 
@@ -103,6 +106,15 @@ class FakeUpstream:
             self.received.append(Received(request.method, request.path_qs, dict(request.headers), body))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._chat(request)
+        except (AttributeError, TypeError, ValueError, KeyError) as e:
+            # A real server validates the body and answers 400; so does the fake (fuzz tests).
+            return web.json_response({"error": {"message": f"invalid request: {e}", "type":
+                                                "BadRequestError", "param": None, "code": 400}},
+                                     status=400)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self._note(request, body)
         h = request.headers
@@ -119,6 +131,9 @@ class FakeUpstream:
                                                 "param": None, "code": 400}}, status=400)
         if mode == "hang":
             await asyncio.sleep(3600)
+        if h.get("x-fake-raw") is not None:
+            return await self._raw(request, base64.b64decode(h["x-fake-raw"]),
+                                   h.get("x-fake-raw-close") == "1")
         n = int(h.get("x-fake-chunks", "4"))
         delay = float(h.get("x-fake-delay-ms", "0")) / 1000
         if mode == "tool-once":
@@ -165,6 +180,20 @@ class FakeUpstream:
             self.disconnects += 1
             raise
         self.completed += 1
+        return resp
+
+    async def _raw(self, request: web.Request, data: bytes, close: bool) -> web.StreamResponse:
+        if close:  # HTTP/1.0-style framing: the body ends where the connection does
+            tr = request.transport
+            assert tr is not None
+            tr.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                     + data)
+            tr.close()
+            return web.Response()  # never sent: the connection is gone
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(data)
+        await resp.write_eof()
         return resp
 
     # -- content ----------------------------------------------------------------------------------

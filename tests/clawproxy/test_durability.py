@@ -19,6 +19,16 @@ from tests.clawproxy.test_proxy_forwarding import _body
 from tests.net import held_port, wait_ok
 
 REPO = Path(__file__).resolve().parents[2]
+BIG = " filler" * 4000  # needs new pages: a full database cannot take it
+
+
+def disk_full(rig, full: bool) -> None:
+    """The recorder's database is full (SQLite's own limit, so the error is the real one)."""
+    from clawproxy.proxy.app import RECORDER_KEY
+
+    store = rig.app[RECORDER_KEY].store
+    n = store.query_one("PRAGMA page_count")["page_count"] if full else 1 << 30
+    store.execute(f"PRAGMA max_page_count={n}")
 
 
 async def test_store_down_spools_then_replays(make_rig, tmp_path):
@@ -111,23 +121,21 @@ async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
 async def test_write_failure_spools_and_replays_on_next_success(rig, tmp_path):
     await rig.chat(_body("first"), {"x-session-id": "wf"})
     await rig.wait_recorded(1)
-    other = Store(rig.cfg.db_path)  # a second connection breaks inserts for real, with a trigger
-    other.execute("CREATE TRIGGER fail BEFORE INSERT ON turns BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
+    disk_full(rig, True)
     try:
-        status, _, _ = await rig.chat(_body("during failure"), {"x-session-id": "wf"})
+        status, _, _ = await rig.chat(_body("during failure" + BIG), {"x-session-id": "wf"})
         assert status == 200
         for _ in range(100):
             s = await rig.stats()
             if s["spool_records"] == 1:
                 break
             await asyncio.sleep(0.05)
-        assert s["store_ok"] is False and "disk on fire" in s["last_error"], s
+        assert s["store_ok"] is False and "full" in s["last_error"], s
     finally:
-        other.execute("DROP TRIGGER fail")
-        other.close()
+        disk_full(rig, False)
     await rig.chat(_body("after"), {"x-session-id": "wf"})
     await rig.wait_recorded(3)
-    texts = [t["response_text"].split(" part")[0] for t in rig.turns()]
+    texts = [t["response_text"].split(" part")[0].split(" filler")[0] for t in rig.turns()]
     assert sorted(texts) == ["pong: after", "pong: during failure", "pong: first"]
     assert (await rig.stats())["spool_records"] == 0
 
@@ -146,17 +154,17 @@ async def test_turns_spooled_during_a_failure_link_in_order(rig):
     h = {"x-session-id": "order"}
     await rig.chat(msgs("q1"), h)
     await rig.wait_recorded(1)
-    other = Store(rig.cfg.db_path)
-    other.execute("CREATE TRIGGER fail BEFORE INSERT ON turns BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
+    disk_full(rig, True)
     try:
-        await rig.chat(msgs("q1", "q2"), h)
+        big = msgs("q1", "q2")
+        big["messages"][0]["content"] += BIG
+        await rig.chat(big, h)
         for _ in range(100):
             if (await rig.stats())["spool_records"] == 1:
                 break
             await asyncio.sleep(0.05)
     finally:
-        other.execute("DROP TRIGGER fail")
-        other.close()
+        disk_full(rig, False)
     await rig.chat(msgs("q1", "q2", "q3"), h)
     await rig.wait_recorded(3)
     by_q = {t["request_messages"][-1]["content"]: t for t in rig.turns()}
