@@ -18,6 +18,7 @@ from tests.fakes.fake_vllm import CALLS, STATE, create_fake_vllm
 from tests.fakes.serve import serve_in_thread
 
 MODEL = "Qwen/Qwen3-4B"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def write_full(path: Path, seed: int = 0) -> Path:
@@ -153,3 +154,18 @@ def test_api_key_guards_v1_only(target):
     with pytest.raises(EngineError) as info:
         wrong.served_adapters()
     assert info.value.status == 401
+
+
+def test_start_refuses_a_vllm_without_runtime_lora_in_one_line(tmp_path):
+    from clawproxy.config import load_config
+    from clawproxy.errors import ConfigError
+    from clawproxy.supervisor import check_attached_vllm
+
+    with serve_in_thread(create_fake_vllm(model=MODEL, runtime_lora=False)) as url:
+        cfg = load_config(str(CONFIGS / "gpu-1.yaml"), {"data_dir": str(tmp_path), "proxy.upstream": url})
+        with pytest.raises(ConfigError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
+            check_attached_vllm(cfg)
+        check_attached_vllm(load_config(str(CONFIGS / "gpu-multi.yaml"), {"data_dir": str(tmp_path),
+                                                                   "proxy.upstream": url}))
+    with pytest.raises(ConfigError, match="start vLLM first"):
+        check_attached_vllm(cfg)  # nothing listens there any more
