@@ -82,3 +82,21 @@ async def test_other_model_names_pass_untouched(routed):
     assert status == 404 and b"does not exist" in body
     assert _models_sent(app) == ["someone-else"]
 
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_recorded_through_the_proxy_with_vllm_0_33_shapes(routed, stream):
+    """Null ``token_ids``/``logprobs`` where not asked, ``reasoning`` not ``reasoning_content``: the
+    proxy still records the sampled ids and log-probs, and the client gets what it asked for."""
+    from tests.fakes.fake_vllm import CANNED_IDS, CANNED_TEXT
+
+    rig, app, _ = routed
+    status, _, body = await rig.chat({**ASK, "max_tokens": 50, "stream": stream})
+    assert status == 200
+    if not stream:
+        choice = json.loads(body)["choices"][0]
+        assert choice["token_ids"] is None and choice["logprobs"] is None  # as the client asked
+    await rig.wait_recorded(1)
+    (turn,) = rig.turns()
+    assert turn["response_text"] == CANNED_TEXT and turn["completion_token_ids"] == CANNED_IDS
+    assert turn["completion_logprobs"] == [-0.5] * len(CANNED_IDS) and turn["model"] == MODEL
