@@ -1,4 +1,5 @@
-"""The vLLM contract (vllm_contract.py) against a real ``vllm serve`` on a CUDA GPU.
+"""The vLLM contract (vllm_contract.py) against a real ``vllm serve`` on a CUDA GPU, and one
+trainer step published into it (full and LoRA).
 
 Runs when vllm is importable and a GPU is present; skips with the reason otherwise. The server
 serves a small random-init Qwen3 (head_dim 64, which every vLLM attention backend supports) with
@@ -66,7 +67,7 @@ def target(default_model_dir, tmp_path_factory):
     log = open(root / "vllm.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(dirs["base"]), "--served-model-name",
-         MODEL, "--port", str(port), "--api-key", "sk-gpu", "--enable-lora", "--max-lora-rank", "8",
+         MODEL, "--port", str(port), "--api-key", "sk-gpu", "--enable-lora", "--max-lora-rank", "16",
          "--max-model-len", "1024", "--gpu-memory-utilization", "0.3", "--enforce-eager"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -90,3 +91,31 @@ def target(default_model_dir, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_trainer_step_publishes_into_real_vllm(target, tmp_path, finetune):
+    from clawproxy.config import load_config
+    from clawproxy.store import Store
+    from tests.clawproxy.vllm_contract import ask, chat
+    from tests.trainer.test_loop import _add
+    from trainer.loop import Trainer
+
+    cfg = load_config(None, {
+        "data_dir": str(tmp_path / "data"), "engine.model": str(target.base_dir), "engine.kind": "vllm",
+        "engine.dtype": "bfloat16", "engine.control_token": target.api_key, "trainer.finetune": finetune,
+        "trainer.batch_size": 2, "trainer.learning_rate": 1e-3, "trainer.lora_r": 16,
+        "trainer.canary_prompts": ["Say hi."], "trainer.canary_max_tokens": 8})
+    store = Store(cfg.db_path)
+    _add(store, target.base_dir, 2)
+    engine = target.client()
+    (result,) = Trainer(cfg, store, engine).run(steps=1)
+    assert result.status == "published", result.metrics
+    v1 = cfg.data_path / "checkpoints" / "v1"
+    if finetune == "lora":
+        assert engine.served_adapters()["clawproxy"] == str(v1)
+        assert chat(target, ask(target, "clawproxy"))[0] == 200
+    else:
+        assert engine.weight_version() == 1
+        assert chat(target, ask(target))[0] == 200
+        engine.load_weights(str(target.base_dir), 2)
