@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clawproxy.config import Config
-from clawproxy.errors import ConfigError, StoreError
+from clawproxy.engine.client import TRANSIENT, EngineClient
+from clawproxy.errors import ConfigError, EngineError, StoreError
 
 log = logging.getLogger("clawproxy")
 
@@ -228,6 +229,19 @@ def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Ch
     return engine, workers
 
 
+def check_attached_vllm(cfg: Config) -> None:
+    """Fail at startup, in one line, when the attached vLLM cannot do what the trainer will ask
+    (version, dev mode, runtime LoRA routes): otherwise the first publish fails, much later."""
+    client = EngineClient(cfg.proxy.upstream or "", kind="vllm", token=cfg.engine.control_token, timeout=10)
+    try:
+        client.check_vllm(lora=cfg.trainer.finetune == "lora")
+    except EngineError as e:
+        if e.status in TRANSIENT:
+            raise ConfigError(f"{e.message}; start vLLM first (configs/gpu-1.yaml) and wait until "
+                              f"{client.base_url}/health answers.") from None
+        raise ConfigError(e.message) from None
+
+
 def _check_port_free(host: str, port: int) -> None:
     """Refuse to start the engine on a taken port: the proxy would talk to whatever holds it
     (often an engine left over from an earlier run) and the new engine would restart forever."""
@@ -279,6 +293,8 @@ async def _main(cfg: Config) -> None:
         os.close(fd)
         run_config = _write_run_config(cfg, Path(tmp))
 
+    if cfg.engine.kind == "vllm" and cfg.proxy.upstream is not None:
+        await asyncio.to_thread(check_attached_vllm, cfg)
     engine, workers = build_children(cfg, run_config)
     if engine is not None:
         _check_port_free(cfg.engine.host, cfg.engine.port)

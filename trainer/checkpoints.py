@@ -9,10 +9,16 @@ The ``checkpoints`` table is the source of truth for "what is serving": the curr
 highest ``published`` row. A rollback publishes a *new* version number whose row points at the old
 directory, so versions only grow (staleness arithmetic stays valid) and the history shows the
 rollback as its own step.
+
+Publishing (``publish``) validates a checkpoint completely before the engine sees it, because a
+failed full reload is not atomic in vLLM (``model_executor/model_loader/reload/`` moves the layers
+to the meta device first and restores nothing when reading fails): after any failed reload the
+last good version is loaded again.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawproxy.engine.client import TRANSIENT
 from clawproxy.engine.model import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store, dumps
@@ -130,7 +137,8 @@ def rollback(
     """Serve an earlier checkpoint again, recorded as a new version. Returns (new_version, source).
 
     ``target`` None means the version before the current one. The engine reloads first; only a
-    reload that worked is recorded (a refused one raises EngineError and changes nothing).
+    reload that worked is recorded (a refused one raises EngineError, the engine is given the
+    current version back, and nothing is recorded).
     """
     with publish_lock(store):
         return _rollback(store, engine, base_dir, target)
@@ -150,7 +158,7 @@ def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | No
     source = version_info(store, target, base_dir)
     new = next_version(store)
     if engine is not None:
-        engine.load_weights(str(source.path), new, lora=source.lora)
+        publish(engine, Version(new, source.path, source.kind), current, base_dir)
     with store.transaction() as conn:
         conn.execute(
             "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate) "
@@ -165,14 +173,100 @@ def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | No
     return new, source
 
 
+class CheckpointInvalid(EngineError):
+    """A checkpoint directory the engine must not be asked to load (incomplete, unreadable,
+    other tensors than the model has)."""
+
+    status = 422
+    type = "invalid_checkpoint"
+
+
+def validate_checkpoint(path: Path, kind: str, base_dir: Path | None = None) -> None:
+    """Raise CheckpointInvalid unless ``path`` is a complete checkpoint of ``kind``.
+
+    Reads every safetensors header (safetensors also checks the file is as long as the header
+    says: a file cut short by a full disk fails here) and, for a
+    full checkpoint, checks its tensor names and shapes against the base model's, so the engine
+    never gets a directory it would load only partly."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    config = "adapter_config.json" if kind == "lora" else "config.json"
+    try:
+        json.loads((path / config).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointInvalid(f"checkpoint {path}: {config} unreadable ({e})") from None
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointInvalid(f"checkpoint {path}: no .safetensors files")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as st:
+                for name in st.keys():
+                    shapes[name] = tuple(st.get_slice(name).get_shape())
+        except Exception as e:  # safetensors' own errors: bad header, file shorter than it says
+            raise CheckpointInvalid(f"checkpoint {path}: {f.name} unreadable ({e})") from None
+    if kind == "lora":
+        if not any("lora_A" in n for n in shapes) or not any("lora_B" in n for n in shapes):
+            raise CheckpointInvalid(f"checkpoint {path}: no lora_A/lora_B tensors in the adapter")
+        return
+    base_files = sorted(Path(base_dir).glob("*.safetensors")) if base_dir is not None else []
+    if not base_files:
+        return  # base model not in safetensors (gguf): nothing to compare against
+    want: dict[str, tuple[int, ...]] = {}
+    for f in base_files:
+        with safe_open(str(f), framework="numpy") as st:
+            for name in st.keys():
+                want[name] = tuple(st.get_slice(name).get_shape())
+    missing = sorted(set(want) - set(shapes))
+    wrong = sorted(n for n in set(want) & set(shapes) if want[n] != shapes[n])
+    if missing or wrong:
+        raise CheckpointInvalid(f"checkpoint {path}: {len(missing)} tensors missing ({missing[:3]}), "
+                                f"{len(wrong)} of another shape ({wrong[:3]}) than the base model's")
+
+
+def is_refusal(err: EngineError) -> bool:
+    """True when the engine answered that it cannot load this checkpoint (any 4xx, or a 500 from
+    the load itself); False when it could not be asked (unreachable, 502/503/504): only then
+    are the samples worth training again."""
+    return err.status not in TRANSIENT
+
+
+def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None = None) -> None:
+    """Validate ``new``, load it into the engine; after a failed load put ``last_good`` back.
+
+    Raises CheckpointInvalid (the engine was not asked) or the engine's EngineError (the engine
+    serves ``last_good`` again, or, if even that failed, the message says so)."""
+    validate_checkpoint(new.path, new.kind, base_dir)
+    try:
+        engine.load_weights(str(new.path), new.version, lora=new.lora)
+    except EngineError as err:
+        if new.lora and not last_good.lora:
+            raise  # a refused adapter never touched the base weights that serve
+        try:
+            engine.load_weights(str(last_good.path), last_good.version, lora=last_good.lora)
+        except EngineError as again:
+            err.message += f"; reloading v{last_good.version} failed too: {again.message}"
+        raise err from None
+
+
+def engine_serves(engine: Any, current: Version) -> bool:
+    """Whether the engine serves ``current``: a vLLM with a LoRA version lists the adapter with
+    this path; otherwise the engine's weight version matches."""
+    if current.lora and getattr(engine, "kind", "embedded") == "vllm":
+        return engine.served_adapters().get(engine.lora_name) == str(current.path)
+    return engine.weight_version() == current.version
+
+
 def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
     """Reload the current version into an engine that restarted on the base model. True if reloaded."""
     current = current_version(store, base_dir)
     try:
+        if engine_serves(engine, current):
+            return False
         serving = engine.weight_version()
     except EngineError:
-        return False
-    if serving == current.version:
         return False
     engine.load_weights(str(current.path), current.version, lora=current.lora)
     store.log_event("reload", {"reason": "engine serves a different version", "serving": serving,

@@ -20,13 +20,20 @@ def _engine(cfg: Any, engine_url: str | None, store: Any = None):
     if not engine_url:
         return None
     from clawproxy.engine.client import EngineClient
+    from clawproxy.errors import EngineError
 
     initial = 0
     if store is not None and cfg.engine.kind == "vllm":
         from trainer.checkpoints import current_version
 
         initial = current_version(store, cfg.engine.model).version
-    return EngineClient(engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, initial_version=initial)
+    client = EngineClient(engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, initial_version=initial)
+    if cfg.engine.kind == "vllm":
+        try:
+            client.check_vllm(lora=cfg.trainer.finetune == "lora")
+        except EngineError as e:
+            raise click.ClickException(e.message) from e
+    return client
 
 
 def _format_step(r: Any) -> str:

@@ -9,7 +9,8 @@
                                        a refused step restores the last published weights
 
 The engine keeps serving throughout: this is its own process, and the only contact is
-``EngineClient.load_weights`` (pause-keep, reload, resume) after a step passed the gate.
+``checkpoints.publish`` (validate, then pause-keep, reload, resume; the last good version back
+after a failed reload) after a step passed the gate.
 
 Crash safety: the ``train_steps``/``trained_samples``/``checkpoints`` rows of a step are written in
 one transaction after the engine took the new weights. A crash before that leaves no trace but a
@@ -47,9 +48,12 @@ from trainer.checkpoints import (
     checkpoints_root,
     current_version,
     ensure_engine_serves,
+    is_refusal,
     next_version,
     prune,
+    publish,
     publish_lock,
+    validate_checkpoint,
     write_atomically,
 )
 from trainer.losses import (
@@ -458,19 +462,22 @@ class Trainer:
             self.store.log_event("checkpoint_write_failed", {"version": version, "error": why, "step_id": step_id})
             return "error", None, step_id
         m["save_s"] = time.perf_counter() - t0
-        if self.engine is not None:
-            try:
-                self.engine.load_weights(str(out_dir), version, lora=self.is_lora)
-            except EngineError as e:
-                log.error("engine did not take v%d: %s; keeping v%d", version, e.message, self.current.version)
-                m["engine_error"] = e.message
-                # refused (4xx): the checkpoint is the problem, the samples are used up;
-                # unreachable (5xx): the samples stay untrained and are retried
-                consumed = samples if e.status < 500 else []
-                step_id = self._record(consumed, m, "error", None)
-                self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
-                shutil.rmtree(out_dir, ignore_errors=True)
-                return "error", None, step_id
+        new = Version(version, out_dir, "lora" if self.is_lora else "full")
+        try:
+            if self.engine is not None:
+                publish(self.engine, new, self.current, self.base_dir)
+            else:
+                validate_checkpoint(out_dir, new.kind, self.base_dir)
+        except EngineError as e:
+            log.error("engine did not take v%d: %s; keeping v%d", version, e.message, self.current.version)
+            m["engine_error"] = e.message
+            # refused (the checkpoint is the problem): the samples are used up; unreachable or
+            # busy (502/503/504): the samples stay untrained and are retried
+            consumed = samples if is_refusal(e) else []
+            step_id = self._record(consumed, m, "error", None)
+            self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
+            shutil.rmtree(out_dir, ignore_errors=True)
+            return "error", None, step_id
         m["publish_s"] = time.perf_counter() - t0
         m["batch_to_serving_s"] = time.time() - batch_ready
         step_id = self._record(samples, m, "published", version, out_dir)

@@ -7,34 +7,46 @@ runs: pause in ``keep`` mode, reload from a checkpoint directory, reset the pref
 It uses only the standard library (``urllib``) and never imports torch: the proxy path and the
 CLI must stay light.
 
-Routes, as followed from vLLM's dev-mode server (``VLLM_SERVER_DEV_MODE=1``;
-``vllm/entrypoints/serve/dev/rlhf/api_router.py``, ``.../dev/rpc/api_router.py``,
-``.../lora/api_router.py`` in vllm-project/vllm):
+Routes, as read in the vLLM 0.33.0 wheel (``vllm/entrypoints/...``); vLLM >= 0.16.0 is required
+(``MIN_VLLM``): 0.15 has no ``keep`` pause and its ``reload_weights`` takes no path.
 
 ==================  ===============================================  ==============================
-verb                vLLM                                              embedded engine
+verb                vLLM (route needs)                                embedded engine
 ==================  ===============================================  ==============================
+version             ``GET /version`` -> ``{"version": "0.33.0"}``     none (not checked)
 health              ``GET /health`` (200, empty body)                 same (JSON body)
-pause               ``POST /pause?mode=keep|wait|abort``              same
-resume              ``POST /resume``                                  same
-is_paused           ``GET /is_paused`` -> ``{"is_paused": bool}``     same
-reload (full)       ``POST /collective_rpc`` with                     ``POST /reload_weights``
+pause               ``POST /pause?mode=keep`` (dev mode)              same
+resume              ``POST /resume`` (dev mode)                       same
+is_paused           ``GET /is_paused`` (dev mode)                     same
+reload (full)       ``POST /collective_rpc`` (dev mode)               ``POST /reload_weights``
                     ``{"method": "reload_weights",                    ``{"weights_path", "weight_version"}``
-                    "kwargs": {"weights_path": dir}}``                (``/collective_rpc`` too)
+                    "kwargs": {"weights_path": dir}}``
 reload (LoRA)       ``POST /v1/load_lora_adapter``                    same, plus ``weight_version``
-                    ``{"lora_name", "lora_path", "load_inplace"}``
-reset prefix cache  ``POST /reset_prefix_cache``                      same (a no-op there)
-weight version      none: this client keeps the counter               ``GET /weight_info``
+                    (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``)
+reset prefix cache  ``POST /reset_prefix_cache`` (dev mode);          same (a no-op there)
+                    0.33 answers ``{"success": false}`` while
+                    requests hold blocks
+weight version      ``GET /weight_info``, ``POST                      ``GET /weight_info``
+                    /update_weight_version`` (dev mode, newer vLLM)
 ==================  ===============================================  ==============================
 
-vLLM keeps no integer weight version, so for ``kind="vllm"`` the client holds it
-(``initial_version``, then whatever ``load_weights`` was given last). With a LoRA adapter on vLLM,
-requests must name the adapter (``lora_name``, default ``"clawproxy"``) as their ``model`` to use
-it; ``load_inplace`` replaces it under the same name on each update.
+Dev mode is ``VLLM_SERVER_DEV_MODE=1`` (``launchers/api_server/routers.py``); the LoRA routes are
+only registered with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` (``serve/lora/api_router.py``).
+``check_vllm`` verifies all of it at attach time.
+
+A vLLM without ``/weight_info`` keeps no weight version, so the client holds it
+(``initial_version``, then whatever ``load_weights`` was given last). A LoRA adapter is loaded under
+``lora_name`` (default ``"clawproxy"``); the proxy routes requests to it (``proxy/routing.py``).
+
+A full reload is not atomic in vLLM: ``model_loader/reload/`` moves layers to the meta device
+before reading the new weights, and nothing puts them back if reading fails. Callers validate a
+checkpoint before asking for it and reload the last good one after any failure
+(``trainer/checkpoints.py: publish``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import urllib.error
 import urllib.parse
@@ -44,6 +56,9 @@ from typing import Any, Literal
 from clawproxy.errors import EngineError
 
 PauseMode = Literal["keep", "wait", "abort"]
+MIN_VLLM = (0, 16, 0)
+# statuses that say "try again later", not "this checkpoint is bad" (502/504: a proxy in between)
+TRANSIENT = frozenset({502, 503, 504})
 # The engine is ours to reach directly, like the proxy does (aiohttp ignores proxy variables):
 # urlopen would send even 127.0.0.1 through $http_proxy unless $no_proxy lists it.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -87,6 +102,7 @@ class EngineClient:
         self.reload_timeout = reload_timeout
         self.lora_name = lora_name
         self._version = int(initial_version)
+        self._has_weight_info: bool | None = None  # vLLM: probed on first use
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -169,23 +185,95 @@ class EngineClient:
         body = self._request("GET", "/is_paused")
         return bool(body["is_paused"]) if isinstance(body, dict) else False
 
-    def reset_prefix_cache(self) -> None:
-        self._request("POST", "/reset_prefix_cache")
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache; True when it is empty afterwards.
+
+        vLLM 0.33 answers ``{"success": false}`` while running requests hold blocks (the frozen
+        ones of a keep pause); those blocks hold KV of the old weights and would be cached on
+        finish, so the second try preempts them (``reset_running_requests=true``): they recompute
+        with the new weights. Older servers answer an empty 200 (success unknown, taken as done)."""
+        body = self._request("POST", "/reset_prefix_cache")
+        if not isinstance(body, dict) or body.get("success", True):
+            return True
+        body = self._request("POST", "/reset_prefix_cache", query={"reset_running_requests": "true"})
+        return not isinstance(body, dict) or bool(body.get("success", True))
+
+    def version(self) -> tuple[int, ...] | None:
+        """vLLM's ``GET /version`` as a tuple (``(0, 33, 0)``); None when the server has no such route."""
+        try:
+            body = self._request("GET", "/version")
+        except EngineError as e:
+            if e.status == 404:
+                return None
+            raise
+        return _version_tuple(str(body.get("version", ""))) if isinstance(body, dict) else None
+
+    def check_vllm(self, lora: bool) -> None:
+        """Check an attached ``vllm serve`` can do what the trainer will ask; raise EngineError
+        with one line that says what to change (version, dev mode, runtime LoRA routes)."""
+        ver = self.version()
+        if ver is None or ver < MIN_VLLM:
+            have = ".".join(map(str, ver)) if ver else "unknown"
+            need = ".".join(map(str, MIN_VLLM))
+            raise EngineError(f"vLLM at {self.base_url} is {have}; clawproxy needs vllm>={need} "
+                              f"(pause keep + reload_weights from a path): pip install 'vllm>={need}'", status=400)
+        if not self._route_exists("GET", "/is_paused"):
+            raise EngineError(f"vLLM at {self.base_url} has no /pause or /is_paused: start it with "
+                              "VLLM_SERVER_DEV_MODE=1 (see configs/gpu-1.yaml)", status=400)
+        if lora and not self._route_exists("POST", "/v1/load_lora_adapter", {}):
+            raise EngineError(f"vLLM at {self.base_url} has no /v1/load_lora_adapter: start it with "
+                              "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora (see configs/gpu-1.yaml)",
+                              status=400)
+
+    def _route_exists(self, method: str, path: str, body: dict[str, Any] | None = None) -> bool:
+        """False only for the framework's own 404 (``{"detail": "Not Found"}``, no such route);
+        a handler's answer, even an error (``{}`` is a 400 there), means the route is served."""
+        try:
+            self._request(method, path, body)
+        except EngineError as e:
+            return not (e.status == 404 and e.message.endswith(": Not Found"))
+        return True
 
     def weight_version(self) -> int:
-        """The weight version now serving (vLLM: the one this client last loaded)."""
-        if self.kind == "vllm":
-            return self._version
-        body = self._request("GET", "/weight_info")
-        return int(body["weight_version"])
+        """The weight version now serving. vLLM: ``GET /weight_info`` where the server has it (a
+        server started fresh reports ``"default"``, the base model: 0), else the version this
+        client loaded last."""
+        if self.kind == "embedded":
+            body = self._request("GET", "/weight_info")
+            return int(body["weight_version"])
+        if self._has_weight_info is not False:
+            try:
+                body = self._request("GET", "/weight_info")
+            except EngineError as e:
+                if e.status != 404:
+                    raise
+                self._has_weight_info = False
+            else:
+                self._has_weight_info = True
+                raw = str((body or {}).get("weight_version"))
+                return int(raw) if raw.isdigit() else 0
+        return self._version
+
+    def served_adapters(self) -> dict[str, str]:
+        """LoRA adapters the server lists in ``GET /v1/models``: name -> path (the card's ``root``)."""
+        cards = self._request("GET", "/v1/models")
+        return {str(c["id"]): str(c.get("root")) for c in (cards or {}).get("data", [])
+                if isinstance(c, dict) and c.get("parent")}
+
+    def load_adapter(self, path: str) -> None:
+        """``POST /v1/load_lora_adapter`` under ``lora_name``, in place (no pause: a request that
+        names the adapter before it exists gets a 404, which the proxy handles)."""
+        body = {"lora_name": self.lora_name, "lora_path": str(path), "load_inplace": True}
+        self._request("POST", "/v1/load_lora_adapter", body, timeout=self.reload_timeout)
 
     def load_weights(self, path: str, version: int, lora: bool = False) -> int:
         """Swap in the checkpoint at ``path`` as weight version ``version``; return the version.
 
-        Sequence: pause (keep) -> reload -> reset prefix cache -> resume. Resume always runs,
-        even when the pause itself failed, so a refused checkpoint leaves the engine serving its
-        old weights, unpaused. Raises
-        EngineError with the server's message when the reload is refused.
+        Sequence: pause (keep) -> reload -> reset prefix cache -> (vLLM) update_weight_version
+        -> resume. Resume always runs, even when the pause itself failed. A failed reload raises
+        EngineError with the server's message; on vLLM a failed *full* reload leaves the engine
+        without usable weights (see the module docstring): the caller reloads the last good
+        version.
         """
         path = str(path)
         version = int(version)
@@ -216,13 +304,42 @@ class EngineClient:
                     {"weights_path": path, "weight_version": version},
                     timeout=self.reload_timeout,
                 )
-            self.reset_prefix_cache()
+            if not self.reset_prefix_cache():
+                raise EngineError(f"POST /reset_prefix_cache at {self.base_url}: the prefix cache "
+                                  "could not be reset; cached blocks of the old weights may be reused",
+                                  status=500)
+            if self.kind == "vllm":
+                self._version = version
+                self._set_vllm_version(version)
         finally:
             self.resume()
         if self.kind == "vllm":
-            self._version = version
             return version
         return self.weight_version()
+
+    def _set_vllm_version(self, version: int) -> None:
+        """Tell a vLLM that has ``/update_weight_version`` which version it serves now."""
+        if self._has_weight_info is False:
+            return
+        try:
+            self._request("POST", "/update_weight_version", {"new_version": str(version)})
+        except EngineError as e:
+            if e.status != 404:
+                raise
+            self._has_weight_info = False
+        else:
+            self._has_weight_info = True
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    """``"0.33.0"`` / ``"0.16.0rc1.dev12+g..."`` -> ``(0, 33, 0)`` / ``(0, 16, 0)``."""
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) if parts else None
 
 
 def _error_message(raw: bytes) -> str:

@@ -38,6 +38,7 @@ from yarl import URL
 from clawproxy.config import Config
 from clawproxy.errors import ConfigError, RequestError, openai_error_body
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
+from clawproxy.proxy.routing import ModelRouter, router_for
 from clawproxy.proxy.sse import Added, EventFramer, strip_body
 
 log = logging.getLogger("clawproxy.proxy")
@@ -139,6 +140,7 @@ def _install_log_filters() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if _PARSER_NOISE not in server_log.filters:
         server_log.addFilter(_PARSER_NOISE)
+ROUTER_KEY = web.AppKey("clawproxy_router", ModelRouter | None)
 
 
 def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> web.Application:
@@ -163,6 +165,9 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app[IDS_KEY] = (f"{prefix}-{i}" for i in itertools.count(1))
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(_upstream_ctx)  # cleaned up first: no request outlives the recorder
+    app[ROUTER_KEY] = router_for(cfg)
+    if app[ROUTER_KEY] is not None:
+        app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
     app.router.add_get("/clawproxy/health", health)
     app.router.add_get("/clawproxy/stats", stats)
     app.router.add_route("*", "/v1/{tail:.*}", forward)
@@ -519,6 +524,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
             cap.raw_body = body
             obj = _parse_chat_body(request, body)
             cap.body = obj
+            if (router := app[ROUTER_KEY]) is not None:
+                body = router.route(obj, body)
             if cfg.proxy.record_tokens and not st.token_fields_refused:
                 added = Added(logprobs="logprobs" not in obj,
                               token_ids="return_token_ids" not in obj)
@@ -605,7 +612,8 @@ _REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token 
 
 
 async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
-                 watch: _ClientWatch, drop_auth: bool = False) -> web.StreamResponse:
+                 watch: _ClientWatch, drop_auth: bool = False,
+                 rerouted: bool = False) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG_KEY]
     url = URL(cfg.proxy.upstream + request.raw_path, encoded=True)
@@ -633,6 +641,11 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
             return _upstream_failure(request, cap, e)
         if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
             return _REFUSED  # the caller retries once without the fields we added
+        router = app[ROUTER_KEY]
+        if cap is not None and router is not None and not rerouted and router.lost(up.status, data):
+            up.release()  # vLLM restarted without our adapter: load it again, retry once
+            return await _proxy(request, await router.recover(body), cap, added, watch, drop_auth,
+                                rerouted=True)
         if cap is not None:
             cap.t_first = cap.t_end = time.perf_counter()
             cap.chunks.append(data)
