@@ -107,16 +107,80 @@ class EngineConfig:
     dtype: str = _help("Weights dtype: float32 or bfloat16.", "float32")
     device: str = _help("torch device: cpu, cuda, cuda:0 ...", "cpu")
     max_batch_size: int = _help("Concurrent requests decoded together.", 8)
-    max_model_len: int = _help("Context length limit (prompt + completion tokens).", 8192)
+    max_model_len: int | None = _help(
+        "Context length limit (prompt + completion tokens), reported as max_model_len on "
+        "/v1/models. None: what the model supports (its max_position_embeddings, times the "
+        "rope_scaling factor). A larger value is an error at startup.",
+        None,
+    )
     default_max_tokens: int = _help("max_tokens when the request gives none.", 512)
     control_token: str | None = _help("Token for control verbs when bound off loopback.", None)
     kind: str = _help("Upstream kind the trainer drives: 'embedded' or 'vllm'.", "embedded")
+    prefill_chunk_tokens: int = _help(
+        "Prompt tokens prefilled per engine step. A long prompt is prefilled in chunks of this "
+        "size between decode steps, so streams already running keep producing tokens (vLLM's "
+        "chunked prefill). Smaller: smoother running streams, a slightly slower prefill. "
+        "0: a whole prompt in one step.",
+        256,
+    )
+    prefix_cache_mb: float = _help(
+        "Memory (MiB) for the KV of recent prompts and conversations. A prompt that starts with "
+        "one of them prefills only the rest: the next turn of an OpenClaw conversation, which "
+        "re-sends the whole history, computes only its new tokens. Least recently used first "
+        "out; 0 turns it off. SmolLM2-135M in float32 needs 45 KiB per token.",
+        1024.0,
+    )
+    rope_scaling: dict[str, Any] | None = _help(
+        "RoPE scaling to serve contexts longer than the model was trained on, as vLLM's "
+        "--rope-scaling: {rope_type: linear|yarn, factor: F} (YAML mapping or JSON string). "
+        "The context limit becomes max_position_embeddings x F. Quality past the trained length "
+        "depends on the model. None: the model's own config.",
+        None,
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"engine.dtype={self.dtype!r}: use float32, bfloat16 or float16.")
         if self.kind not in ("embedded", "vllm"):
             raise ConfigError(f"engine.kind={self.kind!r}: use 'embedded' or 'vllm'.")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ConfigError(f"engine.max_model_len={self.max_model_len}: use at least 16, or "
+                              "leave it unset for the model's own limit.")
+        if self.prefill_chunk_tokens < 0:
+            raise ConfigError("engine.prefill_chunk_tokens must be >= 0 (0: no chunking).")
+        if self.prefix_cache_mb < 0:
+            raise ConfigError("engine.prefix_cache_mb must be >= 0 (0: no prefix cache).")
+        self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+
+
+ROPE_TYPES = ("linear", "yarn")  # static scalings: a cached key never needs recomputing
+
+
+def parse_rope_scaling(value: Any) -> dict[str, Any] | None:
+    """``{"rope_type": "yarn", "factor": 2}`` from a mapping or its JSON text; None stays None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"engine.rope_scaling is not valid JSON ({e}); write it like "
+                              '{"rope_type": "yarn", "factor": 2}.') from e
+    if not isinstance(value, dict):
+        raise ConfigError('engine.rope_scaling must be a mapping like {"rope_type": "yarn", "factor": 2}.')
+    value = dict(value)
+    if "type" in value and "rope_type" not in value:  # older HF/vLLM spelling
+        value["rope_type"] = value.pop("type")
+    if value.get("rope_type") not in ROPE_TYPES:
+        raise ConfigError(f"engine.rope_scaling.rope_type={value.get('rope_type')!r}: use one of "
+                          f"{', '.join(ROPE_TYPES)}.")
+    factor = value.get("factor")
+    if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 1:
+        raise ConfigError(f"engine.rope_scaling.factor={factor!r}: use a number > 1 "
+                          "(the context grows by this factor).")
+    return value
 
 
 @dataclass

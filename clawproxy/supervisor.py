@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -163,8 +164,14 @@ def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Ch
         e = cfg.engine
         argv = [py, "-m", "clawproxy.engine", "--model", e.model, "--host", e.host,
                 "--port", str(e.port), "--data-dir", data, "--dtype", e.dtype, "--device", e.device,
-                "--max-model-len", str(e.max_model_len), "--max-batch-size", str(e.max_batch_size),
-                "--default-max-tokens", str(e.default_max_tokens)]
+                "--max-batch-size", str(e.max_batch_size),
+                "--default-max-tokens", str(e.default_max_tokens),
+                "--prefill-chunk-tokens", str(e.prefill_chunk_tokens),
+                "--prefix-cache-mb", str(e.prefix_cache_mb)]
+        if e.max_model_len is not None:
+            argv += ["--max-model-len", str(e.max_model_len)]
+        if e.rope_scaling:
+            argv += ["--rope-scaling", json.dumps(e.rope_scaling)]
         if e.served_model_name:
             argv += ["--served-model-name", e.served_model_name]
         env = None

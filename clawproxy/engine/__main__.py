@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from clawproxy.config import EngineConfig
-from clawproxy.errors import ClawproxyError
+from clawproxy.config import EngineConfig, parse_rope_scaling
+from clawproxy.errors import ClawproxyError, ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,7 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bearer token required for control verbs (needed off loopback); "
                         "default: $CLAWPROXY_ENGINE_CONTROL_TOKEN, which `clawproxy start` sets")
     p.add_argument("--served-model-name", default=d.served_model_name)
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                   help="context limit (default: what the model supports, with --rope-scaling)")
+    p.add_argument("--rope-scaling", default=None,
+                   help='JSON, as vLLM: {"rope_type": "linear"|"yarn", "factor": 2}')
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
                    help="max_tokens when a request gives none (0: fill the context like vLLM)")
@@ -41,11 +44,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="raw: log_softmax of raw logits (vLLM's default); processed: after "
                         "temperature and top_p")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: half the CPUs, see core.default_threads)")
-    p.add_argument("--prefix-cache-entries", type=int, default=4,
-                   help="finished sequences whose KV is kept for reuse by later prompts (0: off)")
+    p.add_argument("--prefix-cache-mb", type=float, default=d.prefix_cache_mb,
+                   help="memory for the KV of recent prompts, reused by prompts that start alike (0: off)")
+    p.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens,
+                   help="prompt tokens prefilled per step between decode steps (0: whole prompts)")
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights at start")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def serving_length(asked: int | None, limit: int | None, rope: dict | None) -> int:
+    """The max_model_len to serve: the model's limit unless asked for less; never more (vLLM)."""
+    if limit is None:
+        if asked is None:
+            raise ConfigError("the model config does not say its context length; pass --max-model-len")
+        return asked
+    if asked is not None and asked > limit:
+        how = f"max_position_embeddings x rope factor {rope['factor']}" if rope else "max_position_embeddings"
+        raise ConfigError(f"max_model_len={asked} is more than this model supports ({limit}, its {how}); "
+                          "lower engine.max_model_len, or set engine.rope_scaling to serve longer contexts")
+    return limit if asked is None else asked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,20 +77,23 @@ def main(argv: list[str] | None = None) -> int:
         from clawproxy.engine.core import Engine
         from clawproxy.engine.model import (
             DEFAULT_MODEL_NAME,
+            context_limit,
             load_model_and_tokenizer,
             resolve_model,
         )
         from clawproxy.engine.server import ServerSettings, create_app
 
+        rope = parse_rope_scaling(args.rope_scaling)  # before the model loads: a typo fails fast
         root = resolve_model(args.model, args.data_dir)
-        model, tokenizer = load_model_and_tokenizer(str(root), args.data_dir, args.dtype, args.device)
-        config_len = getattr(model.config, "max_position_embeddings", None) or args.max_model_len
-        max_len = min(args.max_model_len, config_len)
+        model, tokenizer = load_model_and_tokenizer(str(root), args.data_dir, args.dtype, args.device,
+                                                    rope_scaling=rope)
+        max_len = serving_length(args.max_model_len, context_limit(model.config), rope)
         engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, max_model_len=max_len,
                         logprobs_mode=args.logprobs_mode, threads=args.threads,
                         weight_version=args.weight_version,
                         base_path=root if Path(str(root)).is_dir() else None,
-                        prefix_cache_entries=args.prefix_cache_entries)
+                        prefix_cache_mb=args.prefix_cache_mb,
+                        prefill_chunk_tokens=args.prefill_chunk_tokens)
         name = args.served_model_name or (
             DEFAULT_MODEL_NAME if args.model in ("default", "") else Path(str(args.model)).name
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -143,13 +144,17 @@ def test_engine_gets_its_config_and_the_token_off_the_command_line(tmp_path, mon
 
     cfg = load_config(None, {"data_dir": str(tmp_path), "engine.max_model_len": 1024,
                              "engine.max_batch_size": 3, "engine.default_max_tokens": 64,
-                             "engine.control_token": "s3cret"})
+                             "engine.control_token": "s3cret", "engine.prefill_chunk_tokens": 64,
+                             "engine.prefix_cache_mb": 12.5,
+                             "engine.rope_scaling": {"rope_type": "yarn", "factor": 2}})
     engine, _ = build_children(cfg, tmp_path / "run-config.yaml")
     assert engine is not None and "s3cret" not in " ".join(engine.argv)  # `ps` shows argv
     for k, v in (engine.env or {}).items():
         monkeypatch.setenv(k, v)
     args = parse_args(engine.argv[3:])  # what the engine process will parse
     assert (args.max_model_len, args.max_batch_size, args.default_max_tokens) == (1024, 3, 64)
+    assert (args.prefill_chunk_tokens, args.prefix_cache_mb) == (64, 12.5)
+    assert json.loads(args.rope_scaling) == {"rope_type": "yarn", "factor": 2}
     assert args.control_token == "s3cret"
 
 
