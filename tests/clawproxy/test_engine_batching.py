@@ -22,6 +22,11 @@ def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    # Random init attends almost uniformly, blind to positions; sharpened, a KV entry at the
+    # wrong position or a chunk that misses part of its context changes the log-probs.
+    for name, p in model.named_parameters():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            p.data.mul_(40)
     return model, AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
@@ -68,6 +73,13 @@ class Run:
     @property
     def logprobs(self) -> list[float]:
         return [lp for ev in self.events for lp in ev.logprobs]
+
+
+def idle(engine: Engine) -> None:
+    """Wait until the worker has retired every row (it caches a row's KV after its last event)."""
+    done = threading.Event()
+    while engine.load()["running"] and not done.wait(0.01):
+        pass
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -166,9 +178,7 @@ def test_a_cancelled_stream_still_seeds_the_next_turn(tiny, make_engine, opencla
     while len(run.ids) < 5:
         threading.Event().wait(0.01)
     engine.cancel(run.req)
-    deadline = threading.Event()
-    while engine.load()["running"] and not deadline.wait(0.01):
-        pass
+    idle(engine)
     got = run.ids
     Run(engine, ids + got[:-1] + [tokenizer.eos_token_id, 198] * 3, max_tokens=1).wait()
     assert engine.prefix_tokens_reused >= len(ids) + len(got) - 2
@@ -183,6 +193,7 @@ def test_the_prefix_cache_keeps_to_its_memory_budget(tiny, make_engine, openclaw
     budget_mb = 1.5 * (len(probe) + 20) * per_token / 2**20  # one conversation, not two
     engine = make_engine(prefix_cache_mb=budget_mb)
     first = Run(engine, probe, max_tokens=8, ignore_eos=True).wait()
+    idle(engine)
     load = engine.load()
     assert load["prefix_cache_entries"] == 1
     assert load["prefix_cache_tokens"] == len(probe) + len(first.ids) - 1
@@ -190,6 +201,7 @@ def test_the_prefix_cache_keeps_to_its_memory_budget(tiny, make_engine, openclaw
     other = render(tokenizer, [{"role": "system", "content": text[1250:] + text[:1250]},
                                openclaw["user"]])
     Run(engine, other, max_tokens=8).wait()
+    idle(engine)
     load = engine.load()
     assert load["prefix_cache_entries"] == 1 and load["prefix_cache_mb"] <= budget_mb
     hits = engine.prefix_hits
@@ -202,5 +214,6 @@ def test_prefix_cache_off_keeps_nothing(tiny, make_engine, openclaw):
     engine = make_engine(prefix_cache_mb=0)
     ids = render(tokenizer, [openclaw["system"], openclaw["user"]])
     Run(engine, ids).wait()
+    idle(engine)
     Run(engine, ids).wait()
     assert engine.prefix_hits == 0 and engine.load()["prefix_cache_entries"] == 0

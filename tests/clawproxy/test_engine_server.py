@@ -340,10 +340,18 @@ def test_rope_scaling_serves_past_the_models_trained_length(tiny_model_dir, tmp_
     served, and its log-probs equal a forward pass of the same scaled model."""
     from clawproxy.engine.model import load_model_and_tokenizer
 
+    # Sharper attention than random init gives, so that positions (and their scaling) matter.
+    model, tokenizer = load_model_and_tokenizer(str(tiny_model_dir))
+    for name, p in model.named_parameters():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            p.data.mul_(40)
+    model_dir = tmp_path / "sharp"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
     rope = {"rope_type": "linear", "factor": 2}
-    scaled, _ = load_model_and_tokenizer(str(tiny_model_dir), rope_scaling=rope)
+    scaled, _ = load_model_and_tokenizer(str(model_dir), rope_scaling=rope)
     long = [{"role": "user", "content": "lorem ipsum " * 800}]
-    with engine_process(tiny_model_dir, tmp_path, "--rope-scaling", json.dumps(rope),
+    with engine_process(model_dir, tmp_path, "--rope-scaling", json.dumps(rope),
                         "--prefill-chunk-tokens", "512") as url:
         assert get(url + "/v1/models").json()["data"][0]["max_model_len"] == 4096
         r = chat(url, {"messages": long, "max_tokens": 6, "temperature": 0, "logprobs": True,
@@ -354,7 +362,7 @@ def test_rope_scaling_serves_past_the_models_trained_length(tiny_model_dir, tmp_
         assert len(prompt) > 2048
         got = [e["logprob"] for e in out["choices"][0]["logprobs"]["content"]]
         assert got == pytest.approx(forward_logprobs(scaled, prompt, ids), abs=2e-3)
-        unscaled, _ = load_model_and_tokenizer(str(tiny_model_dir))  # the scaling did something
+        unscaled, _ = load_model_and_tokenizer(str(model_dir))  # the scaling did something
         assert got != pytest.approx(forward_logprobs(unscaled, prompt, ids), abs=2e-3)
 
 
