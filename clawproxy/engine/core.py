@@ -366,12 +366,11 @@ class Engine:
         """Prefill up to ``prefill_chunk_tokens`` prompt tokens (all of them when 0), first come
         first served; a prompt whose last chunk ran samples its first token and joins the batch."""
         budget = self.prefill_chunk_tokens or None
+        for req in self._prefilling:  # gone clients free their slot now, not at their turn
+            req.finished = req.finished or req.cancelled
+        self._prefilling = [r for r in self._prefilling if not r.finished]
         while self._prefilling and (budget is None or budget > 0):
             req = self._prefilling[0]
-            if req.cancelled:
-                req.finished = True
-                self._prefilling.pop(0)
-                continue
             if req.cache is None:
                 req.kv_version = self._version
                 req.cache, req.prefilled = self._cached_prefix(req.prompt_ids)
