@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,12 +68,16 @@ def stream(url: str, prompt: str, tokens: int) -> dict:
                              "temperature": 0, "ignore_eos": True})
 
 
-def stream_body(url: str, body: dict, stop: threading.Event | None = None) -> dict:
+def stream_body(url: str, body: dict, stop: threading.Event | None = None,
+                cpu: Callable[[], float] | None = None) -> dict:
     """Stream a chat request; TTFT, token arrival times, the answer as an assistant message.
-    ``stop`` set: hang up after the next token (a client going away)."""
+    ``stop`` set: hang up after the next token (a client going away). ``cpu``: the engine's CPU
+    seconds, read at the start and at the first token (``ttft_cpu``)."""
     body = {**body, "return_token_ids": True, "stream": True}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
+    cpu0 = cpu() if cpu else 0.0
+    ttft_cpu = None
     t0 = time.perf_counter()
     arrivals: list[float] = []
     version = None
@@ -91,6 +95,8 @@ def stream_body(url: str, body: dict, stop: threading.Event | None = None) -> di
             choice = chunk["choices"][0]
             if choice.get("token_ids"):
                 arrivals += [time.perf_counter()] * len(choice["token_ids"])
+                if cpu and ttft_cpu is None:
+                    ttft_cpu = cpu() - cpu0
             content += choice["delta"].get("content") or ""
             calls += choice["delta"].get("tool_calls") or []
             if stop is not None and stop.is_set():
@@ -98,8 +104,16 @@ def stream_body(url: str, body: dict, stop: threading.Event | None = None) -> di
     message = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
-    return {"start": t0, "ttft": arrivals[0] - t0, "arrivals": arrivals, "version": version,
+    return {"start": t0, "ttft": arrivals[0] - t0, "ttft_cpu": ttft_cpu, "arrivals": arrivals,
+            "version": version,
             "message": message, "prompt_tokens": prompt_tokens}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process: with one engine thread, what its wall time would be
+    on an idle core (the bench machine is shared, so wall times carry other jobs' load)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def health(url: str) -> dict:
@@ -108,8 +122,8 @@ def health(url: str) -> dict:
 
 
 @contextlib.contextmanager
-def engine_process(root: Path, args, *extra: str) -> Iterator[str]:
-    """The engine as a real subprocess; yields its URL once healthy."""
+def engine_process(root: Path, args, *extra: str) -> Iterator[tuple[str, Callable[[], float]]]:
+    """The engine as a real subprocess; yields its URL once healthy, and its CPU-seconds reader."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="bench-engine-", suffix=".log", delete=False)
@@ -125,7 +139,7 @@ def engine_process(root: Path, args, *extra: str) -> Iterator[str]:
                 raise SystemExit(f"engine did not start; see {log.name}")
             time.sleep(0.3)
         stream(url, PROMPTS[0], 4)  # warm-up
-        yield url
+        yield url, lambda: cpu_seconds(proc.pid)
     finally:
         proc.terminate()
         proc.wait(20)
@@ -186,41 +200,49 @@ def openclaw_turns(tokenizer, prompt_tokens: int) -> tuple[dict, list[dict], lis
         if drop:
             continue
         msgs = [{"role": "system", "content": "".join([*kept, sec])}, user, transient]
-        if len(tokenizer(render_chat(tokenizer, msgs, tools), add_special_tokens=False)["input_ids"]) > prompt_tokens:
+        n = len(tokenizer(render_chat(tokenizer, msgs, tools), add_special_tokens=False)["input_ids"])
+        if n > prompt_tokens:
             continue  # a later, shorter section may still fit
         kept.append(sec)
     history = [{"role": "system", "content": "".join(kept)}, user]
     return {"messages": [*history, transient], "tools": tools}, history, transient
 
 
-def openclaw_bench(url: str, tokenizer, args) -> dict:
+def openclaw_bench(url: str, cpu: Callable[[], float], tokenizer, args) -> dict:
     """Turn 1 cold, turn 2 on the prefix cache, turn 2 without it, decode tok/s at ~3k context."""
     body, history, transient = openclaw_turns(tokenizer, args.prompt_tokens)
     common = {"temperature": 0, "max_tokens": args.answer_tokens}
     EngineClient(url).reset_prefix_cache()
-    t1 = stream_body(url, {**body, **common})
+    t1 = stream_body(url, {**body, **common}, cpu=cpu)
     stamp = history[1]["content"].split("]", 1)[0] + "]"  # OpenClaw's "[Sun 2026-11-29 23:01 UTC]"
-    turn2 = {"messages": [*history, t1["message"], {"role": "user", "content": f"{stamp} second turn please"},
-                          transient], "tools": body["tools"]}
+    user2 = {"role": "user", "content": f"{stamp} second turn please"}
+    turn2 = {"messages": [*history, t1["message"], user2, transient], "tools": body["tools"]}
     fixed = {"temperature": 0, "max_tokens": args.tokens, "ignore_eos": True}
     before = health(url)
-    t2 = stream_body(url, {**turn2, **fixed})
+    cpu_t2_start = cpu()
+    t2 = stream_body(url, {**turn2, **fixed}, cpu=cpu)
+    cpu_t2_end = cpu()
     after = health(url)
     EngineClient(url).reset_prefix_cache()
-    t2_cold = stream_body(url, {**turn2, "temperature": 0, "max_tokens": 1})
+    t2_cold = stream_body(url, {**turn2, "temperature": 0, "max_tokens": 1}, cpu=cpu)
     return {
         "openclaw_turn1_prompt_tokens": t1["prompt_tokens"],
         "openclaw_turn1_ttft_s": t1["ttft"],
+        "openclaw_turn1_ttft_cpu_s": t1["ttft_cpu"],
         "openclaw_turn1_answer_tokens": len(t1["arrivals"]),
         "openclaw_turn2_prompt_tokens": t2["prompt_tokens"],
         "openclaw_turn2_reused_tokens": after["prefix_tokens_reused"] - before["prefix_tokens_reused"],
         "openclaw_turn2_ttft_s": t2["ttft"],
+        "openclaw_turn2_ttft_cpu_s": t2["ttft_cpu"],
         "openclaw_turn2_ttft_no_prefix_cache_s": t2_cold["ttft"],
+        "openclaw_turn2_ttft_no_prefix_cache_cpu_s": t2_cold["ttft_cpu"],
         "openclaw_decode_tok_s": decode_rate(t2),
+        "openclaw_decode_cpu_s_per_token":
+            (cpu_t2_end - cpu_t2_start - t2["ttft_cpu"]) / (len(t2["arrivals"]) - 1),
     }
 
 
-def prefill_interference(url: str, tokenizer, args) -> dict:
+def prefill_interference(url: str, cpu: Callable[[], float], tokenizer, args) -> dict:
     """A short request decodes; the OpenClaw prompt arrives: how does the short one fare?"""
     body, _, _ = openclaw_turns(tokenizer, args.prompt_tokens)
     stop = threading.Event()
@@ -233,13 +255,14 @@ def prefill_interference(url: str, tokenizer, args) -> dict:
     th = threading.Thread(target=run)
     th.start()
     time.sleep(3.0)  # running, past its own prefill
-    long = stream_body(url, {**body, "temperature": 0, "max_tokens": 1})
+    long = stream_body(url, {**body, "temperature": 0, "max_tokens": 1}, cpu=cpu)
     stop.set()
     th.join()
     t0, t1 = long["start"], long["start"] + long["ttft"]
     during = [a for a in runner["arrivals"] if t0 <= a <= t1]
     gaps = [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
     return {"tok_s": len(during) / (t1 - t0), "max_gap_s": max(gaps), "long_ttft_s": long["ttft"],
+            "long_ttft_cpu_s": long["ttft_cpu"],
             "tok_s_before": decode_rate({"arrivals": [a for a in runner["arrivals"] if a < t0]})}
 
 
@@ -294,7 +317,7 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(str(root), args.data_dir, "float32", "cpu")
 
     # Rounds repeat prompts: without the prefix cache off, TTFT would measure cache hits.
-    with engine_process(root, args, "--prefix-cache-mb", "0") as url:
+    with engine_process(root, args, "--prefix-cache-mb", "0") as (url, _):
         client = EngineClient(url)
         baseline(model, tokenizer, PROMPTS[0], 4)
 
@@ -365,13 +388,13 @@ def openclaw_main(root: Path, args) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(root))
-    with engine_process(root, args) as url:
-        fig = openclaw_bench(url, tokenizer, args)
+    with engine_process(root, args) as (url, cpu):
+        fig = openclaw_bench(url, cpu, tokenizer, args)
     side = {}
     chunk = ["--prefill-chunk-tokens", str(args.chunk)] if args.chunk is not None else []
     for name, extra in (("unchunked", ["--prefill-chunk-tokens", "0"]), ("chunked", chunk)):
-        with engine_process(root, args, "--prefix-cache-mb", "0", *extra) as url:
-            side[name] = prefill_interference(url, tokenizer, args)
+        with engine_process(root, args, "--prefix-cache-mb", "0", *extra) as (url, cpu):
+            side[name] = prefill_interference(url, cpu, tokenizer, args)
     from clawproxy.config import EngineConfig
 
     fig.update({"model": root.name, "dtype": args.dtype, "threads": args.threads,
@@ -379,18 +402,23 @@ def openclaw_main(root: Path, args) -> None:
                 "load_avg_1m": os.getloadavg()[0],
                 **{f"{k}_{name}": v for name, d in side.items() for k, v in d.items()}})
     print(f"model {fig['model']} ({args.dtype}), {args.threads} threads, load average {fig['load_avg_1m']:.1f}")
+    print("  (wall seconds; in brackets the engine's CPU seconds, its wall time on an idle core)")
     print(f"  turn 1: {fig['openclaw_turn1_prompt_tokens']} prompt tokens, TTFT "
-          f"{fig['openclaw_turn1_ttft_s']:.2f} s (cold), answer {fig['openclaw_turn1_answer_tokens']} tokens")
+          f"{fig['openclaw_turn1_ttft_s']:.2f} s [{fig['openclaw_turn1_ttft_cpu_s']:.2f}] (cold), "
+          f"answer {fig['openclaw_turn1_answer_tokens']} tokens")
     print(f"  turn 2: {fig['openclaw_turn2_prompt_tokens']} prompt tokens, "
           f"{fig['openclaw_turn2_reused_tokens']} from the prefix cache, TTFT "
-          f"{fig['openclaw_turn2_ttft_s']:.2f} s ({fig['openclaw_turn2_ttft_no_prefix_cache_s']:.2f} s "
-          "with the prefix cache emptied)")
-    print(f"  decode at turn 2's context: {fig['openclaw_decode_tok_s']:.1f} tok/s")
+          f"{fig['openclaw_turn2_ttft_s']:.2f} s [{fig['openclaw_turn2_ttft_cpu_s']:.2f}] "
+          f"({fig['openclaw_turn2_ttft_no_prefix_cache_s']:.2f} s "
+          f"[{fig['openclaw_turn2_ttft_no_prefix_cache_cpu_s']:.2f}] with the prefix cache emptied)")
+    print(f"  decode at turn 2's context: {fig['openclaw_decode_tok_s']:.1f} tok/s "
+          f"[{1 / fig['openclaw_decode_cpu_s_per_token']:.1f}]")
     print(f"  a running stream while turn 1's prompt prefills (chunk {fig['chunk_tokens']}):")
     for name in side:
         d = side[name]
         print(f"    {name:10s} {d['tok_s']:5.2f} tok/s (was {d['tok_s_before']:.1f}), longest gap "
-              f"{d['max_gap_s']:5.2f} s; the long prompt's TTFT {d['long_ttft_s']:.2f} s")
+              f"{d['max_gap_s']:5.2f} s; the long prompt's TTFT {d['long_ttft_s']:.2f} s "
+              f"[{d['long_ttft_cpu_s']:.2f}]")
     if args.json:
         print(json.dumps(fig))
 

@@ -11,19 +11,19 @@ prefilled on their own (own KV cache) and then joined to the running batch. Pref
 each worker step runs at most ``prefill_chunk_tokens`` prompt tokens, then one decode step of the
 running batch, so a long prompt (OpenClaw's first request is ~3-8k tokens) never freezes the
 streams already decoding; controls (weight swaps, pauses) and cancellations also land between
-chunks. Prompts wait their turn first-come first-served. The batch shares one left-padded ``DynamicCache``; a 2-D attention mask
-hides the padding and per-row ``position_ids`` keep RoPE positions exact, so every row computes
-what it would alone (to float rounding). Finished rows are sliced out and all-padding columns
-trimmed.
+chunks. Prompts wait their turn first-come first-served. The batch shares one left-padded
+``DynamicCache``; a 2-D attention mask hides the padding and per-row ``position_ids`` keep RoPE
+positions exact, so every row computes what it would alone (to float rounding). Finished rows are
+sliced out and all-padding columns trimmed.
 
 Prefix cache: the KV of each prompt (once prefilled) and of each finished sequence (prompt +
 completion, cancelled ones too) is kept, least recently used first out, within
 ``prefix_cache_mb``; a new prompt that starts with one of them (the next turn of the same
 conversation, or a side request sharing its system prompt and tools) prefills only the rest. An
-entry that another one extends is dropped, so a conversation holds one entry, not one per turn. Entries are dropped on every weight swap and on /reset_prefix_cache, and
-KV computed across a swap is never stored, so a reused prefix always comes from the serving
-weights. In keep mode a request that spans a swap continues on KV its earlier tokens got from the
-old weights, as in vLLM.
+entry that another one extends is dropped (a request's prompt entry, once it has its answer).
+Entries are dropped on every weight swap and on /reset_prefix_cache, and KV computed across a
+swap is never stored, so a reused prefix always comes from the serving weights. In keep mode a
+request that spans a swap continues on KV its earlier tokens got from the old weights, as in vLLM.
 
 Log-probs (``logprobs_mode``, named after vLLM's ``--logprobs-mode``): by default
 ``raw_logprobs``, as vLLM v1: log_softmax of the model's raw logits, before temperature and
@@ -163,7 +163,7 @@ class Engine:
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self.steps = 0
-        # Prefix cache (worker thread only): KV of recently finished sequences, reused when a new
+        # Prefix cache (worker thread only): KV of recent prompts and sequences, reused when a new
         # prompt starts with one of them (OpenClaw re-sends the whole history every turn).
         self.prefix_cache_bytes = int(prefix_cache_mb * 2**20)
         self._prefix: collections.OrderedDict[int, _PrefixEntry] = collections.OrderedDict()
@@ -194,7 +194,7 @@ class Engine:
     def is_paused(self) -> bool:
         return self._pause_mode is not None
 
-    def load(self) -> dict[str, int]:
+    def load(self) -> dict[str, int | float]:
         """Requests decoding now and waiting to start (for /health and tests)."""
         entries, tokens, nbytes = self._prefix_stats
         return {"running": len(self._active) + len(self._prefilling), "waiting": len(self._pending),
