@@ -3,12 +3,24 @@ latency, against plain transformers ``generate()`` on the same prompts.
 
     .venv/bin/python bench/engine.py                 # default model, float32
     .venv/bin/python bench/engine.py --dtype bfloat16 --tokens 64 --rounds 3
+    .venv/bin/python bench/engine.py --openclaw      # OpenClaw-shaped prompts (below) only
 
 The engine runs as a real subprocess and is measured over HTTP (streaming, ``ignore_eos`` so
 every request decodes exactly ``--tokens`` tokens). The baseline runs in this process with the
 same thread count, greedy, ``min_new_tokens == max_new_tokens``. Baseline and engine rounds
 alternate so that load from other processes on a shared machine hits both alike; medians are
 reported with the load average.
+
+--openclaw: an OpenClaw-shaped conversation built from the recorded first request in
+tests/fixtures/openclaw_samples.jsonl (its system prompt without the skills and workspace files,
+the read/write/edit/exec/process tool schemas, trimmed to --prompt-tokens as the engine renders
+it; then the user message and the transient internal-context message OpenClaw appends). It
+measures, on one engine with the prefix cache: TTFT of turn 1 (cold), of turn 2 (turn 1's
+messages up to the transient one + the answer + a new user message + a new transient one), of
+turn 2 again with the prefix cache emptied, and decode tok/s at that context. Then, on two more
+engines (prefix cache off), one with prefill chunking off and one with --prefill-chunk-tokens: a
+short request decodes while the OpenClaw prompt is prefilled; its tok/s and longest token gap
+during that prefill are printed side by side, with the long prompt's TTFT.
 
 Reload latency: a perturbed full checkpoint is written to disk, then timed from the moment it is
 complete on disk until (a) ``EngineClient.load_weights`` returns (pause keep, reload, reset prefix
@@ -18,6 +30,7 @@ cache, resume) and (b) a request answers with the new ``weight_version``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +40,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from _env import reserve_port
@@ -43,13 +57,24 @@ PROMPTS = [
 
 def stream(url: str, prompt: str, tokens: int) -> dict:
     """One streamed request; return TTFT and the arrival time of every token."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "temperature": 0, "ignore_eos": True, "return_token_ids": True, "stream": True}
+    return stream_body(url, {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+                             "temperature": 0, "ignore_eos": True})
+
+
+def stream_body(url: str, body: dict, stop: threading.Event | None = None,
+                cpu: Callable[[], float] | None = None) -> dict:
+    """Stream a chat request; TTFT, token arrival times, the answer as an assistant message.
+    ``stop`` set: hang up after the next token (a client going away). ``cpu``: the engine's CPU
+    seconds, read at the start and at the first token (``ttft_cpu``)."""
+    body = {**body, "return_token_ids": True, "stream": True}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
+    cpu0 = cpu() if cpu else 0.0
+    ttft_cpu = None
     t0 = time.perf_counter()
     arrivals: list[float] = []
     version = None
+    content, calls, prompt_tokens = "", [], 0
     with urllib.request.urlopen(req, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -57,9 +82,60 @@ def stream(url: str, prompt: str, tokens: int) -> dict:
                 continue
             chunk = json.loads(line[6:])
             version = chunk.get("weight_version", version)
-            if chunk["choices"] and chunk["choices"][0].get("token_ids"):
-                arrivals += [time.perf_counter()] * len(chunk["choices"][0]["token_ids"])
-    return {"start": t0, "ttft": arrivals[0] - t0, "arrivals": arrivals, "version": version}
+            prompt_tokens = len(chunk.get("prompt_token_ids") or []) or prompt_tokens
+            if not chunk["choices"]:
+                continue
+            choice = chunk["choices"][0]
+            if choice.get("token_ids"):
+                arrivals += [time.perf_counter()] * len(choice["token_ids"])
+                if cpu and ttft_cpu is None:
+                    ttft_cpu = cpu() - cpu0
+            content += choice["delta"].get("content") or ""
+            calls += choice["delta"].get("tool_calls") or []
+            if stop is not None and stop.is_set():
+                break
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+    return {"start": t0, "ttft": arrivals[0] - t0, "ttft_cpu": ttft_cpu, "arrivals": arrivals,
+            "version": version,
+            "message": message, "prompt_tokens": prompt_tokens}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process: with one engine thread, what its wall time would be
+    on an idle core (the bench machine is shared, so wall times carry other jobs' load)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def engine_process(root: Path, args, *extra: str) -> Iterator[tuple[str, Callable[[], float]]]:
+    """The engine as a real subprocess; yields its URL once healthy, and its CPU-seconds reader."""
+    port = reserve_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix="bench-engine-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clawproxy.engine", "--model", str(root), "--port", str(port),
+         "--dtype", args.dtype, "--threads", str(args.threads), "--log-level", "WARNING", *extra],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not EngineClient(url).health():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"engine did not start; see {log.name}")
+            time.sleep(0.3)
+        stream(url, PROMPTS[0], 4)  # warm-up
+        yield url, lambda: cpu_seconds(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 def decode_rate(res: dict) -> float:
@@ -87,6 +163,100 @@ def concurrent(url: str, tokens: int, n: int = 4) -> dict:
         "ttft_mean": statistics.mean(r["ttft"] for r in results),
         "ttft_max": max(r["ttft"] for r in results),
     }
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "openclaw_samples.jsonl"
+LEAN_TOOLS = ("read", "write", "edit", "exec", "process")
+# Sections OpenClaw's lean profile leaves out (skills: [], contextInjection: "never").
+LEAN_DROPS = ("## Skills", "## Skill Workshop", "## Workspace Files", "## Bootstrap Pending")
+
+
+def openclaw_turns(tokenizer, prompt_tokens: int) -> tuple[dict, list[dict], list[dict]]:
+    """(turn-1 body, its messages before the transient one, the transient message).
+
+    The recorded system prompt, lean, its sections kept in order as long as the rendered prompt
+    stays within ``prompt_tokens``."""
+    import re
+
+    from clawproxy.engine.tools import render_chat
+
+    first = next(json.loads(line)["body"] for line in FIXTURE.open()
+                 if json.loads(line)["label"].startswith("main-turn-1"))
+    system, user, transient = first["messages"]
+    tools = [t for t in first["tools"] if t["function"]["name"] in LEAN_TOOLS]
+    sections = [p for p in re.split(r"(?m)^(?=## )", system["content"])]
+    drop = False
+    kept: list[str] = []
+    for sec in sections:
+        if sec.startswith("## "):  # a dropped section runs until the next kept heading
+            drop = sec.startswith(LEAN_DROPS) or (drop and not sec.startswith("## Temporal Context"))
+        if drop:
+            continue
+        msgs = [{"role": "system", "content": "".join([*kept, sec])}, user, transient]
+        n = len(tokenizer(render_chat(tokenizer, msgs, tools), add_special_tokens=False)["input_ids"])
+        if n > prompt_tokens:
+            continue  # a later, shorter section may still fit
+        kept.append(sec)
+    history = [{"role": "system", "content": "".join(kept)}, user]
+    return {"messages": [*history, transient], "tools": tools}, history, transient
+
+
+def openclaw_bench(url: str, cpu: Callable[[], float], tokenizer, args) -> dict:
+    """Turn 1 cold, turn 2 on the prefix cache, turn 2 without it, decode tok/s at ~3k context."""
+    body, history, transient = openclaw_turns(tokenizer, args.prompt_tokens)
+    common = {"temperature": 0, "max_tokens": args.answer_tokens}
+    EngineClient(url).reset_prefix_cache()
+    t1 = stream_body(url, {**body, **common}, cpu=cpu)
+    stamp = history[1]["content"].split("]", 1)[0] + "]"  # OpenClaw's "[Sun 2026-11-29 23:01 UTC]"
+    user2 = {"role": "user", "content": f"{stamp} second turn please"}
+    turn2 = {"messages": [*history, t1["message"], user2, transient], "tools": body["tools"]}
+    fixed = {"temperature": 0, "max_tokens": args.tokens, "ignore_eos": True}
+    before = health(url)
+    cpu_t2_start = cpu()
+    t2 = stream_body(url, {**turn2, **fixed}, cpu=cpu)
+    cpu_t2_end = cpu()
+    after = health(url)
+    EngineClient(url).reset_prefix_cache()
+    t2_cold = stream_body(url, {**turn2, "temperature": 0, "max_tokens": 1}, cpu=cpu)
+    return {
+        "openclaw_turn1_prompt_tokens": t1["prompt_tokens"],
+        "openclaw_turn1_ttft_s": t1["ttft"],
+        "openclaw_turn1_ttft_cpu_s": t1["ttft_cpu"],
+        "openclaw_turn1_answer_tokens": len(t1["arrivals"]),
+        "openclaw_turn2_prompt_tokens": t2["prompt_tokens"],
+        "openclaw_turn2_reused_tokens": after["prefix_tokens_reused"] - before["prefix_tokens_reused"],
+        "openclaw_turn2_ttft_s": t2["ttft"],
+        "openclaw_turn2_ttft_cpu_s": t2["ttft_cpu"],
+        "openclaw_turn2_ttft_no_prefix_cache_s": t2_cold["ttft"],
+        "openclaw_turn2_ttft_no_prefix_cache_cpu_s": t2_cold["ttft_cpu"],
+        "openclaw_decode_tok_s": decode_rate(t2),
+        "openclaw_decode_cpu_s_per_token":
+            (cpu_t2_end - cpu_t2_start - t2["ttft_cpu"]) / (len(t2["arrivals"]) - 1),
+    }
+
+
+def prefill_interference(url: str, cpu: Callable[[], float], tokenizer, args) -> dict:
+    """A short request decodes; the OpenClaw prompt arrives: how does the short one fare?"""
+    body, _, _ = openclaw_turns(tokenizer, args.prompt_tokens)
+    stop = threading.Event()
+    runner: dict = {}
+
+    def run() -> None:
+        runner.update(stream_body(url, {"messages": [{"role": "user", "content": PROMPTS[0]}],
+                                        "max_tokens": 4000, "temperature": 0, "ignore_eos": True}, stop))
+
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(3.0)  # running, past its own prefill
+    long = stream_body(url, {**body, "temperature": 0, "max_tokens": 1}, cpu=cpu)
+    stop.set()
+    th.join()
+    t0, t1 = long["start"], long["start"] + long["ttft"]
+    during = [a for a in runner["arrivals"] if t0 <= a <= t1]
+    gaps = [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
+    return {"tok_s": len(during) / (t1 - t0), "max_gap_s": max(gaps), "long_ttft_s": long["ttft"],
+            "long_ttft_cpu_s": long["ttft_cpu"],
+            "tok_s_before": decode_rate({"arrivals": [a for a in runner["arrivals"] if a < t0]})}
 
 
 def baseline(model, tokenizer, prompt: str, tokens: int) -> dict:
@@ -117,6 +287,13 @@ def main() -> None:
                     help="torch threads for engine and baseline (default: the engine's default)")
     ap.add_argument("--reloads", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    ap.add_argument("--openclaw", action="store_true",
+                    help="only the OpenClaw-shaped measurements (TTFT per turn, chunked prefill)")
+    ap.add_argument("--prompt-tokens", type=int, default=2900,
+                    help="size of the OpenClaw-shaped first prompt (the lean profile's is ~2.9k)")
+    ap.add_argument("--answer-tokens", type=int, default=64, help="cap on turn 1's answer")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="--prefill-chunk-tokens for the chunked side (default: the engine's)")
     args = ap.parse_args()
 
     import torch
@@ -128,26 +305,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     root = Path(resolve_model(args.model, args.data_dir))
+    if args.openclaw:
+        return openclaw_main(root, args)
     model, tokenizer = load_model_and_tokenizer(str(root), args.data_dir, "float32", "cpu")
 
-    port = reserve_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile(prefix="bench-engine-", suffix=".log", delete=False)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clawproxy.engine", "--model", str(root), "--port", str(port),
-         "--dtype", args.dtype, "--threads", str(args.threads), "--log-level", "WARNING",
-         # Rounds repeat prompts: without this, TTFT would measure prefix-cache hits.
-         "--prefix-cache-entries", "0"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    client = EngineClient(url)
-    try:
-        deadline = time.monotonic() + 180
-        while not client.health():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"engine did not start; see {log.name}")
-            time.sleep(0.3)
-        stream(url, PROMPTS[0], 4)  # warm-up
+    # Rounds repeat prompts: without the prefix cache off, TTFT would measure cache hits.
+    with engine_process(root, args, "--prefix-cache-mb", "0") as (url, _):
+        client = EngineClient(url)
         baseline(model, tokenizer, PROMPTS[0], 4)
 
         base, single, multi = [], [], []
@@ -178,9 +342,6 @@ def main() -> None:
                 assert res["version"] == version, res
                 reload_call.append(t1 - t0)
                 reload_serving.append(res["start"] + res["ttft"] - t0)
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
     med = statistics.median
     base_rate = med(b["tok_s"] for b in base)
@@ -214,6 +375,45 @@ def main() -> None:
           f"token from new weights {figures['reload_to_serving_s']:.2f} s")
     if args.json:
         print(json.dumps(figures))
+
+
+def openclaw_main(root: Path, args) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(root))
+    with engine_process(root, args) as (url, cpu):
+        fig = openclaw_bench(url, cpu, tokenizer, args)
+    side = {}
+    chunk = ["--prefill-chunk-tokens", str(args.chunk)] if args.chunk is not None else []
+    for name, extra in (("unchunked", ["--prefill-chunk-tokens", "0"]), ("chunked", chunk)):
+        with engine_process(root, args, "--prefix-cache-mb", "0", *extra) as (url, cpu):
+            side[name] = prefill_interference(url, cpu, tokenizer, args)
+    from clawproxy.config import EngineConfig
+
+    fig.update({"model": root.name, "dtype": args.dtype, "threads": args.threads,
+                "chunk_tokens": args.chunk if args.chunk is not None else EngineConfig().prefill_chunk_tokens,
+                "load_avg_1m": os.getloadavg()[0],
+                **{f"{k}_{name}": v for name, d in side.items() for k, v in d.items()}})
+    print(f"model {fig['model']} ({args.dtype}), {args.threads} threads, load average {fig['load_avg_1m']:.1f}")
+    print("  (wall seconds; in brackets the engine's CPU seconds, its wall time on an idle core)")
+    print(f"  turn 1: {fig['openclaw_turn1_prompt_tokens']} prompt tokens, TTFT "
+          f"{fig['openclaw_turn1_ttft_s']:.2f} s [{fig['openclaw_turn1_ttft_cpu_s']:.2f}] (cold), "
+          f"answer {fig['openclaw_turn1_answer_tokens']} tokens")
+    print(f"  turn 2: {fig['openclaw_turn2_prompt_tokens']} prompt tokens, "
+          f"{fig['openclaw_turn2_reused_tokens']} from the prefix cache, TTFT "
+          f"{fig['openclaw_turn2_ttft_s']:.2f} s [{fig['openclaw_turn2_ttft_cpu_s']:.2f}] "
+          f"({fig['openclaw_turn2_ttft_no_prefix_cache_s']:.2f} s "
+          f"[{fig['openclaw_turn2_ttft_no_prefix_cache_cpu_s']:.2f}] with the prefix cache emptied)")
+    print(f"  decode at turn 2's context: {fig['openclaw_decode_tok_s']:.1f} tok/s "
+          f"[{1 / fig['openclaw_decode_cpu_s_per_token']:.1f}]")
+    print(f"  a running stream while turn 1's prompt prefills (chunk {fig['chunk_tokens']}):")
+    for name in side:
+        d = side[name]
+        print(f"    {name:10s} {d['tok_s']:5.2f} tok/s (was {d['tok_s_before']:.1f}), longest gap "
+              f"{d['max_gap_s']:5.2f} s; the long prompt's TTFT {d['long_ttft_s']:.2f} s "
+              f"[{d['long_ttft_cpu_s']:.2f}]")
+    if args.json:
+        print(json.dumps(fig))
 
 
 if __name__ == "__main__":

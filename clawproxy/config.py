@@ -147,7 +147,13 @@ class EngineConfig:
     dtype: Dtype = setting("float32", "Weights dtype: float32, bfloat16 or float16.")
     device: str = setting("cpu", "torch device: cpu, cuda, cuda:0 ...")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
-    max_model_len: int = setting(8192, "Context length limit (prompt + completion tokens).", ge=1)
+    max_model_len: int | None = setting(
+        None,
+        "Context length limit (prompt + completion tokens), reported as max_model_len on "
+        "/v1/models. None: what the model supports (its max_position_embeddings, times the "
+        "rope_scaling factor). A larger value is an error at startup.",
+        ge=16,
+    )
     default_max_tokens: int = setting(
         512, "max_tokens when the request gives none (0: fill the context, like vLLM).", ge=0
     )
@@ -163,9 +169,59 @@ class EngineConfig:
     threads: int | None = setting(
         None, "torch intra-op threads of the embedded engine (None: half the CPUs).", ge=1
     )
-    prefix_cache_entries: int = setting(
-        4, "Finished sequences whose KV the embedded engine keeps for later prompts (0: off).", ge=0
+    prefill_chunk_tokens: int = setting(
+        256,
+        "Prompt tokens prefilled per engine step. A long prompt is prefilled in chunks of this "
+        "size between decode steps, so streams already running keep producing tokens (vLLM's "
+        "chunked prefill). 0: a whole prompt in one step.",
+        ge=0,
     )
+    prefix_cache_mb: float = setting(
+        1024.0,
+        "Memory (MiB) for the KV of recent prompts and conversations: a prompt that starts with "
+        "one of them prefills only the rest (the next turn of an OpenClaw conversation computes "
+        "only its new tokens). Least recently used first out; 0 turns it off.",
+        ge=0,
+    )
+    rope_scaling: dict[str, Any] | str | None = setting(
+        None,
+        "RoPE scaling to serve contexts longer than the model was trained on, as vLLM's "
+        "--rope-scaling: {rope_type: linear|yarn, factor: F} (YAML mapping or JSON string). "
+        "The context limit becomes max_position_embeddings x F. None: the model's own config.",
+    )
+
+    def __post_init__(self) -> None:
+        self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+
+
+ROPE_TYPES = ("linear", "yarn")  # static scalings: a cached key never needs recomputing
+
+
+def parse_rope_scaling(value: Any) -> dict[str, Any] | None:
+    """``{"rope_type": "yarn", "factor": 2}`` from a mapping or its JSON text; None stays None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"engine.rope_scaling is not valid JSON ({e}); write it like "
+                              '{"rope_type": "yarn", "factor": 2}.') from e
+    if not isinstance(value, dict):
+        raise ConfigError('engine.rope_scaling must be a mapping like {"rope_type": "yarn", "factor": 2}.')
+    value = dict(value)
+    if "type" in value and "rope_type" not in value:  # older HF/vLLM spelling
+        value["rope_type"] = value.pop("type")
+    if value.get("rope_type") not in ROPE_TYPES:
+        raise ConfigError(f"engine.rope_scaling.rope_type={value.get('rope_type')!r}: use one of "
+                          f"{', '.join(ROPE_TYPES)}.")
+    factor = value.get("factor")
+    if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 1:
+        raise ConfigError(f"engine.rope_scaling.factor={factor!r}: use a number > 1 "
+                          "(the context grows by this factor).")
+    return value
 
 
 @dataclass

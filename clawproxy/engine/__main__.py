@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from clawproxy.config import Config, EngineConfig, load_config
-from clawproxy.errors import ClawproxyError
+from clawproxy.errors import ClawproxyError, ConfigError
 
 # engine.kind tells the trainer which engine it drives; the engine itself never reads it
 FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "kind"]
@@ -45,6 +45,19 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(args.config, {"data_dir": args.data_dir, **overrides})
 
 
+def serving_length(asked: int | None, limit: int | None, rope: dict | None) -> int:
+    """The max_model_len to serve: the model's limit unless asked for less; never more (vLLM)."""
+    if limit is None:
+        if asked is None:
+            raise ConfigError("the model config does not say its context length; pass --max-model-len")
+        return asked
+    if asked is not None and asked > limit:
+        how = f"max_position_embeddings x rope factor {rope['factor']}" if rope else "max_position_embeddings"
+        raise ConfigError(f"max_model_len={asked} is more than this model supports ({limit}, its {how}); "
+                          "lower engine.max_model_len, or set engine.rope_scaling to serve longer contexts")
+    return limit if asked is None else asked
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -58,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         from clawproxy.engine.core import Engine
         from clawproxy.engine.model import (
             DEFAULT_MODEL_NAME,
+            context_limit,
             load_model_and_tokenizer,
             resolve_model,
             sampling_defaults,
@@ -65,13 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         from clawproxy.engine.server import ServerSettings, create_app
 
         root = resolve_model(e.model, data)
-        model, tokenizer = load_model_and_tokenizer(str(root), data, e.dtype, e.device)
-        config_len = getattr(model.config, "max_position_embeddings", None) or e.max_model_len
-        max_len = min(e.max_model_len, config_len)
+        model, tokenizer = load_model_and_tokenizer(str(root), data, e.dtype, e.device,
+                                                    rope_scaling=e.rope_scaling)
+        max_len = serving_length(e.max_model_len, context_limit(model.config), e.rope_scaling)
         engine = Engine(model, tokenizer, max_batch_size=e.max_batch_size, max_model_len=max_len,
                         logprobs_mode=e.logprobs_mode, threads=e.threads,
                         base_path=root if Path(str(root)).is_dir() else None,
-                        prefix_cache_entries=e.prefix_cache_entries)
+                        prefix_cache_mb=e.prefix_cache_mb,
+                        prefill_chunk_tokens=e.prefill_chunk_tokens)
         name = e.served_model_name or (
             DEFAULT_MODEL_NAME if e.model in ("default", "") else Path(str(e.model)).name
         )

@@ -7,18 +7,23 @@ worker itself (``_run_control``), which is exactly the "freeze between steps" vL
 promises.
 
 Batching (continuous, vLLM-style in spirit): requests that arrive while others decode are
-prefilled on their own (one forward over the prompt, own KV cache) and then joined to the running
-batch at the next step. The batch shares one left-padded ``DynamicCache``; a 2-D attention mask
-hides the padding and per-row ``position_ids`` keep RoPE positions exact, so every row computes
-what it would alone (to float rounding). Finished rows are sliced out and all-padding columns
-trimmed.
+prefilled on their own (own KV cache) and then joined to the running batch. Prefill is chunked:
+each worker step runs at most ``prefill_chunk_tokens`` prompt tokens, then one decode step of the
+running batch, so a long prompt (OpenClaw's first request is ~3-8k tokens) never freezes the
+streams already decoding; controls (weight swaps, pauses) and cancellations also land between
+chunks. Prompts wait their turn first-come first-served. The batch shares one left-padded
+``DynamicCache``; a 2-D attention mask hides the padding and per-row ``position_ids`` keep RoPE
+positions exact, so every row computes what it would alone (to float rounding). Finished rows are
+sliced out and all-padding columns trimmed.
 
-Prefix cache: the KV of each finished sequence (prompt + completion) is kept for the last few
-requests; a new prompt that starts with one of them (the next turn of the same conversation)
-prefills only the rest. Entries are dropped on every weight swap and on /reset_prefix_cache, and
-KV computed across a swap is never stored, so a reused prefix always comes from the serving
-weights. In keep mode a request that spans a swap continues on KV its earlier tokens got from the
-old weights, as in vLLM.
+Prefix cache: the KV of each prompt (once prefilled) and of each finished sequence (prompt +
+completion, cancelled ones too) is kept, least recently used first out, within
+``prefix_cache_mb``; a new prompt that starts with one of them (the next turn of the same
+conversation, or a side request sharing its system prompt and tools) prefills only the rest. An
+entry that another one extends is dropped (a request's prompt entry, once it has its answer).
+Entries are dropped on every weight swap and on /reset_prefix_cache, and KV computed across a
+swap is never stored, so a reused prefix always comes from the serving weights. In keep mode a
+request that spans a swap continues on KV its earlier tokens got from the old weights, as in vLLM.
 
 Log-probs (``logprobs_mode``, named after vLLM's ``--logprobs-mode``): by default
 ``raw_logprobs``, as vLLM v1: log_softmax of the model's raw logits, before temperature and
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import logging
 import os
 import threading
@@ -104,6 +110,8 @@ class GenRequest:
     generator: torch.Generator | None = None
     finished: bool = False
     kv_version: int = -1  # weight version that computed this request's first KV entries
+    cache: Any = None  # own KV cache while prefilling (None before the first chunk)
+    prefilled: int = 0  # prompt tokens in ``cache``
 
 
 class Engine:
@@ -120,10 +128,13 @@ class Engine:
         threads: int | None = None,
         weight_version: int = 0,
         base_path: str | Path | None = None,
-        prefix_cache_entries: int = 4,
+        prefix_cache_mb: float = 1024,
+        prefill_chunk_tokens: int = 256,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
+        if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
+            raise ValueError("prefill_chunk_tokens and prefix_cache_mb must be >= 0")
         self.model = model
         # HF fast tokenizers are not safe to share across threads ("Already borrowed": every
         # __call__ resets truncation/padding through a mutable borrow). Request-side users
@@ -150,6 +161,8 @@ class Engine:
         self._cond = threading.Condition()
         self._pending: collections.deque[GenRequest] = collections.deque()
         self._active: list[GenRequest] = []
+        self._prefilling: list[GenRequest] = []  # admitted, prompt not fully in KV yet (FIFO)
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self._controls: collections.deque[_Control] = collections.deque()
         self._pause_mode: str | None = None  # requested mode while pausing/paused
         self._wait_admit = 0  # pause(wait): queued requests accepted before it, still to be run
@@ -161,10 +174,13 @@ class Engine:
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self.steps = 0
-        # Prefix cache (worker thread only): KV of recently finished sequences, reused when a new
+        # Prefix cache (worker thread only): KV of recent prompts and sequences, reused when a new
         # prompt starts with one of them (OpenClaw re-sends the whole history every turn).
-        self.prefix_cache_entries = prefix_cache_entries
+        self.prefix_cache_bytes = int(prefix_cache_mb * 2**20)
         self._prefix: collections.OrderedDict[int, _PrefixEntry] = collections.OrderedDict()
+        self._prefix_keys = itertools.count()
+        # (entries, tokens, bytes), replaced whole by the worker: /health reads it from another thread
+        self._prefix_stats = (0, 0, 0)
         self.prefix_hits = 0
         self.prefix_tokens_reused = 0
 
@@ -189,11 +205,15 @@ class Engine:
     def is_paused(self) -> bool:
         return self._pause_mode is not None
 
-    def load(self) -> dict[str, int]:
+    def load(self) -> dict[str, int | float]:
         """Requests decoding now and waiting to start (for /health and tests)."""
-        return {"running": len(self._active), "waiting": len(self._pending),
+        entries, tokens, nbytes = self._prefix_stats
+        return {"running": len(self._active) + len(self._prefilling), "waiting": len(self._pending),
                 "prefix_cache_hits": self.prefix_hits,
-                "prefix_tokens_reused": self.prefix_tokens_reused}
+                "prefix_tokens_reused": self.prefix_tokens_reused,
+                "prefix_cache_entries": entries,
+                "prefix_cache_tokens": tokens,
+                "prefix_cache_mb": round(nbytes / 2**20, 1)}
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -275,13 +295,17 @@ class Engine:
                 for name, tensor in state.items():
                     params[name].copy_(tensor)
             self._version = new_version
-            self._prefix.clear()  # KV computed by the old weights must not seed new requests
+            self._clear_prefix()  # KV computed by the old weights must not seed new requests
 
         self._call_in_worker(apply)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (vLLM's /reset_prefix_cache)."""
-        self._call_in_worker(self._prefix.clear)
+        self._call_in_worker(self._clear_prefix)
+
+    def _clear_prefix(self) -> None:
+        self._prefix.clear()
+        self._prefix_stats = (0, 0, 0)
 
     def _call_in_worker(self, fn: Callable[[], None], timeout: float = 120.0) -> None:
         """Run ``fn`` in the worker thread between decode steps; wait for it; re-raise errors."""
@@ -316,69 +340,82 @@ class Engine:
                             # Only what was in flight when pause(abort) came; later ones wait.
                             self._abort_requested = False
                             self._abort_all("aborted by pause(mode=abort)")
+                        busy = len(self._active) + len(self._prefilling)
                         if mode == "wait":
                             while (self._wait_admit > 0 and self._pending
-                                   and len(self._active) + len(new) < self.max_batch_size):
+                                   and busy + len(new) < self.max_batch_size):
                                 new.append(self._pending.popleft())
                                 self._wait_admit -= 1
-                        if mode in ("keep", "abort") or (mode == "wait" and not self._active and not new):
+                        if mode in ("keep", "abort") or (mode == "wait" and not busy and not new):
                             if not self._parked:
                                 self._parked = True
                                 self._cond.notify_all()
                             self._cond.wait()
                             continue
                         if mode is None:
-                            while self._pending and len(self._active) + len(new) < self.max_batch_size:
+                            while self._pending and busy + len(new) < self.max_batch_size:
                                 new.append(self._pending.popleft())
-                        if new or self._active:
+                        if new or busy:
                             break
                         self._cond.wait()
                 if controls:
                     # Outside the lock: a weight copy must not block submit() on the event loop.
                     _run_controls(controls)
                     continue
+                self._prefilling += new
                 try:
-                    for req in new:
-                        self._prefill(req)
+                    self._prefill_step()
                     self._drop_done()
                     if self._active:
                         self._decode_step()
                         self._drop_done()
                 except Exception as err:  # a bug or OOM must not leave clients hanging
                     log.exception("generation step failed")
-                    self._fail_all(new, f"generation failed: {err}")
+                    self._fail_all(f"generation failed: {err}")
 
-    def _prefill(self, req: GenRequest) -> None:
-        from transformers import DynamicCache
-
-        if req.cancelled:
-            req.finished = True
-            return
-        req.kv_version = self._version
-        cache, reused = self._cached_prefix(req.prompt_ids)
-        if cache is None:
-            cache = DynamicCache()
-        ids = torch.tensor([req.prompt_ids[reused:]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :].float()
-        self._sample_and_emit([req], logits)
-        if req.finished:
-            self._remember(req, [(layer.keys, layer.values) for layer in cache.layers])
-            return
-        self._join(req, cache, len(req.prompt_ids))
+    def _prefill_step(self) -> None:
+        """Prefill up to ``prefill_chunk_tokens`` prompt tokens (all of them when 0), first come
+        first served; a prompt whose last chunk ran samples its first token and joins the batch."""
+        budget = self.prefill_chunk_tokens or None
+        for req in self._prefilling:  # gone clients free their slot now, not at their turn
+            req.finished = req.finished or req.cancelled
+        self._prefilling = [r for r in self._prefilling if not r.finished]
+        while self._prefilling and (budget is None or budget > 0):
+            req = self._prefilling[0]
+            if req.cache is None:
+                req.kv_version = self._version
+                req.cache, req.prefilled = self._cached_prefix(req.prompt_ids)
+            end = len(req.prompt_ids) if budget is None else min(len(req.prompt_ids), req.prefilled + budget)
+            ids = torch.tensor([req.prompt_ids[req.prefilled : end]], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids, cache=req.cache, use_cache=True, logits_to_keep=1)
+            if budget is not None:
+                budget -= end - req.prefilled
+            req.prefilled = end
+            if end < len(req.prompt_ids):
+                continue
+            self._prefilling.pop(0)
+            cache, req.cache = req.cache, None
+            kv = [(layer.keys, layer.values) for layer in cache.layers]
+            # The prompt alone, now: a request sharing its prefix may come before this one ends.
+            self._remember(req, req.prompt_ids, kv)
+            self._sample_and_emit([req], out.logits[:, -1, :].float())
+            if req.finished:
+                self._remember_finished(req, kv)
+            else:
+                self._join(req, cache, len(req.prompt_ids))
 
     def _cached_prefix(self, prompt: list[int]) -> tuple[Any, int]:
-        """A DynamicCache holding the longest cached prefix of ``prompt`` (None, 0 when none)."""
+        """A DynamicCache holding the longest cached prefix of ``prompt`` (empty, 0 when none)."""
         from transformers import DynamicCache
 
         best, best_len = None, 0
-        for key, entry in self._prefix.items():
+        for key, entry in reversed(self._prefix.items()):  # most recent first wins ties
             n = _common_prefix(entry.token_ids, prompt)
             if n > best_len:
                 best, best_len = key, n
         best_len = min(best_len, len(prompt) - 1)  # at least one token to compute logits from
         if best is None or best_len < MIN_PREFIX_REUSE:
-            return None, 0
+            return DynamicCache(), 0
         entry = self._prefix[best]
         self._prefix.move_to_end(best)
         self.prefix_hits += 1
@@ -387,16 +424,33 @@ class Engine:
         return DynamicCache(ddp_cache_data=[(k[:, :, :best_len], v[:, :, :best_len])
                                             for k, v in entry.kv]), best_len
 
-    def _remember(self, req: GenRequest, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Keep a finished sequence's KV (batch 1, no padding) for later prompts to reuse."""
-        if self.prefix_cache_entries <= 0 or req.cancelled or req.kv_version != self._version:
+    def _remember_finished(self, req: GenRequest, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        # The last sampled token was never fed to the model: it has no KV.
+        self._remember(req, req.prompt_ids + req.completion_ids[:-1], kv)
+
+    def _remember(self, req: GenRequest, tokens: list[int],
+                  kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep ``tokens``' KV (batch 1, no padding) for later prompts to reuse, within the budget."""
+        if self.prefix_cache_bytes <= 0 or req.kv_version != self._version:
             return  # KV that spans a weight swap mixes two models: never reuse it
-        tokens = req.prompt_ids + req.completion_ids[:-1]  # the last sampled token was never fed
         if len(tokens) < MIN_PREFIX_REUSE or kv[0][0].shape[2] != len(tokens):
             return
-        self._prefix[id(req)] = _PrefixEntry(tokens, kv)
-        while len(self._prefix) > self.prefix_cache_entries:
-            self._prefix.popitem(last=False)
+        entry = _PrefixEntry(tokens, kv)
+        if entry.nbytes > self.prefix_cache_bytes:
+            return
+        for key, old in list(self._prefix.items()):
+            n = _common_prefix(old.token_ids, tokens)
+            if n == len(tokens):  # already held (the same or a longer sequence)
+                self._prefix.move_to_end(key)
+                return
+            if n == len(old.token_ids):  # the new entry extends it: every hit it gives, this gives
+                del self._prefix[key]
+        self._prefix[next(self._prefix_keys)] = entry
+        used = sum(e.nbytes for e in self._prefix.values())
+        while used > self.prefix_cache_bytes:
+            _, dropped = self._prefix.popitem(last=False)
+            used -= dropped.nbytes
+        self._prefix_stats = (len(self._prefix), sum(len(e.token_ids) for e in self._prefix.values()), used)
 
     def _join(self, req: GenRequest, cache: Any, length: int) -> None:
         """Add a prefilled row to the batch: left-pad the shorter side, concatenate on batch."""
@@ -440,14 +494,17 @@ class Engine:
             return
         assert self._mask is not None
         for i, r in enumerate(self._active):
-            if r.cancelled and not r.finished:
-                r.finished = True
-            elif r.finished and self.prefix_cache_entries > 0:
+            if not (r.finished or r.cancelled):
+                continue
+            # A cancelled row's KV is as good as a finished one's (a client that stopped a
+            # stream often sends the next turn right after).
+            r.finished = True
+            if self.prefix_cache_bytes > 0:
                 pad = int((self._mask[i].cumsum(0) == 0).sum())
                 # Cloned: a view would keep the whole batch's KV tensor alive.
-                self._remember(r, [(layer.keys[i : i + 1, :, pad:].clone(),
-                                    layer.values[i : i + 1, :, pad:].clone())
-                                   for layer in self._cache.layers])
+                self._remember_finished(r, [(layer.keys[i : i + 1, :, pad:].clone(),
+                                             layer.values[i : i + 1, :, pad:].clone())
+                                            for layer in self._cache.layers])
         if not keep:
             self._active, self._cache, self._mask = [], None, None
             return
@@ -530,21 +587,23 @@ class Engine:
         )
 
     def _abort_all(self, why: str) -> None:
-        for req in list(self._active) + list(self._pending):
+        for req in self._active + self._prefilling + list(self._pending):
             if not req.finished:
                 req.finished = True
                 req.emit(_final(self._version, "abort", None))
         self._active, self._cache, self._mask = [], None, None
+        self._prefilling = []
         self._pending.clear()
 
-    def _fail_all(self, new: list[GenRequest], why: str) -> None:
-        for req in set(self._active) | set(new):
+    def _fail_all(self, why: str) -> None:
+        for req in self._active + self._prefilling:
             if not req.finished:
                 req.finished = True
                 ev = _final(self._version, "abort", None)
                 ev.error = why
                 req.emit(ev)
         self._active, self._cache, self._mask = [], None, None
+        self._prefilling = []
 
 
 @dataclass
@@ -561,6 +620,10 @@ MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth a cache lookup
 class _PrefixEntry:
     token_ids: list[int]
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, heads, len(token_ids), dim]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -174,17 +174,43 @@ def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
         if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
             ids.add(tid)
     return ids
+def apply_rope_scaling(config: Any, scaling: dict[str, Any]) -> None:
+    """Scale a HF config's RoPE (``linear`` or ``yarn``, see ``EngineConfig.rope_scaling``) and
+    raise its ``max_position_embeddings`` to match, as vLLM does for these types."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if params.get("rope_type", "default") != "default":
+        raise ConfigError(f"the model already scales RoPE ({params['rope_type']}); remove "
+                          "engine.rope_scaling to use its own setting")
+    original = config.max_position_embeddings
+    factor = float(scaling["factor"])
+    params.update(scaling)
+    params["factor"] = factor
+    if params["rope_type"] == "yarn":
+        params.setdefault("original_max_position_embeddings", original)
+    config.rope_parameters = params
+    config.max_position_embeddings = int(original * factor)
+
+
+def context_limit(config: Any) -> int | None:
+    """The longest sequence the (possibly RoPE-scaled) model supports; None when it does not say."""
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def load_model_and_tokenizer(
-    spec: str, data_dir: str | os.PathLike | None = None, dtype: str = "float32", device: str = "cpu"
+    spec: str, data_dir: str | os.PathLike | None = None, dtype: str = "float32", device: str = "cpu",
+    rope_scaling: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a spec (see ``resolve_model``)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = resolve_model(spec, data_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(where))
-    model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype(dtype)).to(device)
+    config = AutoConfig.from_pretrained(str(where))
+    if rope_scaling:
+        apply_rope_scaling(config, rope_scaling)
+    model = AutoModelForCausalLM.from_pretrained(str(where), config=config,
+                                                 dtype=torch_dtype(dtype)).to(device)
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

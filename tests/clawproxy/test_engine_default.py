@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.clawproxy.engine_proc import chat, engine_process, forward_logprobs, stream_chat
+from tests.clawproxy.engine_proc import chat, engine_process, forward_logprobs, get, stream_chat
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +32,9 @@ def test_default_model_answers_and_logprobs_are_exact(engine_url, default_model_
     chunks, done, _ = stream_chat(engine_url, {**body, "stream_options": {"include_usage": True}})
     streamed = [t for c in chunks[1:] if c["choices"] for t in c["choices"][0].get("token_ids", [])]
     assert done and streamed == ids
+
+
+def test_default_model_reports_its_own_context_length(engine_url):
+    """No max_model_len set: the model's limit (what `clawproxy openclaw-config` reads)."""
+    card = get(engine_url + "/v1/models").json()["data"][0]
+    assert card["max_model_len"] == 8192  # SmolLM2-135M's max_position_embeddings

@@ -3,6 +3,7 @@ exact token ids and log-probs, batching, pause/resume, the openai SDK."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -340,3 +341,43 @@ def test_resume_before_the_worker_parked_ends_the_pending_pause(tiny):
         engine.resume()
         paused.result(10)  # returns; EngineError (did not pause in time) before the fix
     assert not engine.is_paused
+
+
+def test_rope_scaling_serves_past_the_models_trained_length(tiny_model_dir, tmp_path):
+    """linear x2 on the tiny model (2048 positions): /v1/models says 4096, a 2.5k-token prompt is
+    served, and its log-probs equal a forward pass of the same scaled model."""
+    from clawproxy.engine.model import load_model_and_tokenizer
+
+    # Sharper attention than random init gives, so that positions (and their scaling) matter.
+    model, tokenizer = load_model_and_tokenizer(str(tiny_model_dir))
+    for name, p in model.named_parameters():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            p.data.mul_(40)
+    model_dir = tmp_path / "sharp"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    rope = {"rope_type": "linear", "factor": 2}
+    scaled, _ = load_model_and_tokenizer(str(model_dir), rope_scaling=rope)
+    long = [{"role": "user", "content": "lorem ipsum " * 800}]
+    with engine_process(model_dir, tmp_path, "--rope-scaling", json.dumps(rope),
+                        "--prefill-chunk-tokens", "512") as url:
+        assert get(url + "/v1/models").json()["data"][0]["max_model_len"] == 4096
+        r = chat(url, {"messages": long, "max_tokens": 6, "temperature": 0, "logprobs": True,
+                       "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        prompt, ids = out["prompt_token_ids"], out["choices"][0]["token_ids"]
+        assert len(prompt) > 2048
+        got = [e["logprob"] for e in out["choices"][0]["logprobs"]["content"]]
+        assert got == pytest.approx(forward_logprobs(scaled, prompt, ids), abs=2e-3)
+        unscaled, _ = load_model_and_tokenizer(str(model_dir))  # the scaling did something
+        assert got != pytest.approx(forward_logprobs(unscaled, prompt, ids), abs=2e-3)
+
+
+def test_max_model_len_above_what_the_model_supports_is_a_startup_error(tiny_model_dir, tmp_path):
+    with pytest.raises(RuntimeError, match=r"more than this model supports \(2048"):
+        with engine_process(tiny_model_dir, tmp_path, "--max-model-len", "4096"):
+            pass
+    with pytest.raises(RuntimeError, match="rope_type"):
+        with engine_process(tiny_model_dir, tmp_path, "--rope-scaling", '{"rope_type": "ntk", "factor": 2}'):
+            pass

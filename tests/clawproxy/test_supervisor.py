@@ -154,7 +154,9 @@ def test_every_child_starts_from_run_config_and_no_token_on_the_command_line(tmp
     cfg = load_config(None, {"data_dir": str(tmp_path), "engine.max_model_len": 1024,
                              "engine.max_batch_size": 3, "engine.default_max_tokens": 64,
                              "engine.logprobs_mode": "processed_logprobs", "engine.threads": 2,
-                             "engine.prefix_cache_entries": 0, "engine.control_token": "s3cret"})
+                             "engine.prefill_chunk_tokens": 64, "engine.prefix_cache_mb": 12.5,
+                             "engine.rope_scaling": {"rope_type": "yarn", "factor": 2},
+                             "engine.control_token": "s3cret"})
     run_config = _write_run_config(cfg)
     assert stat.S_IMODE(run_config.stat().st_mode) == 0o600
     engine, workers = build_children(cfg, run_config)
