@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 # (cue list, pattern) for every cue: tests/judge/test_independence.py checks them against the simulator.
 CUE_PATTERNS: list[tuple[str, str]] = []
 

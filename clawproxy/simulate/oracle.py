@@ -16,7 +16,12 @@ from typing import Any
 
 from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
 from clawproxy.simulate.personas import PREFERENCES
-from clawproxy.simulate.prompts import HELDOUT_PROMPTS, SYSTEM_PROMPT, TRAIN_PROMPTS, VALIDATION_PROMPTS
+from clawproxy.simulate.prompts import (
+    HELDOUT_PROMPTS,
+    SYSTEM_PROMPT,
+    TRAIN_PROMPTS,
+    VALIDATION_PROMPTS,
+)
 
 
 @dataclass

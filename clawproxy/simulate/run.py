@@ -33,7 +33,12 @@ from clawproxy.simulate.driver import (
 )
 from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
 from clawproxy.simulate.personas import ScriptedPersona, make_persona
-from clawproxy.simulate.prompts import HELDOUT_PROMPTS, SYSTEM_PROMPT, TRAIN_PROMPTS, VALIDATION_PROMPTS
+from clawproxy.simulate.prompts import (
+    HELDOUT_PROMPTS,
+    SYSTEM_PROMPT,
+    TRAIN_PROMPTS,
+    VALIDATION_PROMPTS,
+)
 from clawproxy.simulate.quality import ON_TOPIC_MIN
 
 log = logging.getLogger("clawproxy.simulate")
