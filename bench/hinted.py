@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from clawproxy.engine.model import load_model_and_tokenizer
     from clawproxy.simulate.measure import score_answers
-    from clawproxy.simulate.personas import PREFERENCES
+    from clawproxy.simulate.personas import PREFERENCES, complaint_fields, load_feedback
     from clawproxy.simulate.prompts import TRAIN_PROMPTS
 
     args = parse_args(argv)
@@ -67,12 +67,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{'persona':<10} {'condition':<11} {'met':>5} {'adopted':>8} {'degen.':>7} {'words':>6}")
     for name in personas:
         pref = PREFERENCES[name]
-        fields = [pref.complaint_fields(a) for a in plain]
+        fields = [complaint_fields(a) for a in plain]
+        complaints = load_feedback().for_persona(name).complaints
         conditions = {
             "untold": plain,
             "told": answer([hinted_prompt(p, pref.hint) for p in prompts]),
             "complained": answer([
-                hinted_prompt(p, pref.complaints[i % len(pref.complaints)].format(**fields[i]))
+                hinted_prompt(p, complaints[i % len(complaints)].format(**fields[i]))
                 for i, p in enumerate(prompts)
             ]),
         }

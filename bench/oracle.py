@@ -16,7 +16,12 @@ from typing import Any
 
 from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
 from clawproxy.simulate.personas import PREFERENCES
-from clawproxy.simulate.prompts import HELDOUT_PROMPTS, SYSTEM_PROMPT, TRAIN_PROMPTS
+from clawproxy.simulate.prompts import (
+    HELDOUT_PROMPTS,
+    SYSTEM_PROMPT,
+    TRAIN_PROMPTS,
+    VALIDATION_PROMPTS,
+)
 
 
 @dataclass
@@ -37,6 +42,7 @@ class OracleSettings:
     # below shorter ones. baseline: subtract the batch mean (REINFORCE with a baseline).
     reward: str = "binary"
     baseline: bool = False
+    eval_prompts: str = "heldout"  # 'validation' while tuning
 
 
 def _chat_ids(tok: Any, prompt: str) -> list[int]:
@@ -129,10 +135,11 @@ def run_oracle(persona: str = "concise", settings: OracleSettings | None = None,
     t0 = time.monotonic()
 
     def measure(done: int, version: int) -> None:
-        held = list(HELDOUT_PROMPTS)
-        answers = [text for _, _, text in generate(model, tok, held, s.eval_max_tokens, sample=False)]
-        point = make_point(done, score_answers(held, answers, pref.check), version,
-                           time.monotonic() - t0)
+        held = list(VALIDATION_PROMPTS if s.eval_prompts == "validation" else HELDOUT_PROMPTS)
+        gens = generate(model, tok, held, s.eval_max_tokens, sample=False)
+        cut = [not comp or comp[-1] != tok.eos_token_id for _, comp, _ in gens]  # no EOS: the limit ended it
+        graded = score_answers(held, [text for _, _, text in gens], pref.check, cut_off=cut)
+        point = make_point(done, graded, version, time.monotonic() - t0)
         curve.points.append(point)
         if on_point:
             on_point(point)

@@ -6,11 +6,15 @@
    simulated persona through the proxy, for each --method.
 
 Both are measured the same way: every K interactions, greedy answers to the held-out prompts,
-adoption = preference met AND a real answer (non-empty, not degenerate, on topic). Results go to
+adoption = preference met AND a real answer (non-empty, not degenerate, on topic) AND not cut off
+by the token limit. Every setting runs over several seeds (default 0, 1, 2) and the summary gives
+the mean and spread; tune settings with `--eval-prompts validation`, never on the held-out curve.
+Results go to
 <out>/personalize.json (rewritten after every measurement, so a cut-short run still leaves its
 curves) and <out>/personalize.png; a table is printed as it goes.
 
-    .venv/bin/python bench/personalize.py                      # concise persona, combined method
+    .venv/bin/python bench/personalize.py                      # concise persona, combined method, seeds 0-2
+    .venv/bin/python bench/personalize.py --eval-prompts validation --lr 1e-5   # tuning: validation prompts
     .venv/bin/python bench/personalize.py --persona concise --persona no_filler --method rl --method combined
     .venv/bin/python bench/personalize.py --skip-oracle --lora --lr 1e-4
 
@@ -23,7 +27,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -56,7 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--oracle-reward", choices=["binary", "graded"], default="binary",
                    help="Oracle reward: +1/-1 from the check, or graded by word count (concise).")
     p.add_argument("--oracle-baseline", action="store_true", help="Oracle: subtract the batch-mean reward.")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, action="append",
+                   help="Seed(s); each setting runs once per seed (default: 0, 1 and 2).")
+    p.add_argument("--eval-prompts", choices=["heldout", "validation"], default="heldout",
+                   help="Prompts the curves are measured on: 'validation' while tuning, 'heldout' for reported figures.")
+    p.add_argument("--feedback", default=None, help="Feedback bank for the simulated user (default: the shipped one).")
     p.add_argument("--lora", action="store_true", help="LoRA instead of the config's fine-tuning mode.")
     p.add_argument("--lr", type=float, default=None, help="Trainer learning rate override.")
     p.add_argument("--batch-size", type=int, default=None, help="Trainer batch size override.")
@@ -99,28 +109,62 @@ class Results:
                      title="held-out adoption: " + ", ".join(sorted({c.persona for c in self.curves})))
 
 
-def summarize(curves: list[Curve]) -> list[dict[str, Any]]:
-    rows = []
+def _group(label: str) -> str:
+    return re.sub(r" seed \d+$", "", label)
+
+
+def summarize(curves: list[Curve]) -> dict[str, Any]:
+    """Per run: adoption, cut-off and degenerate shares at each point, the judge against the
+    simulator, what became of the interactions. Per setting: mean and spread over its seeds."""
+    runs = []
     for c in curves:
         if not c.points:
             continue
-        base = c.points[0].adoption
-        best = max(p.adoption for p in c.points)
-        rows.append({
-            "label": c.label, "persona": c.persona, "method": c.method, "wall_s": c.wall_s,
+        runs.append({
+            "label": c.label, "persona": c.persona, "method": c.method, "seed": c.settings.get("seed"),
+            "wall_s": c.wall_s,
             "adoption": {p.interactions: p.adoption for p in c.points},
+            "cut_off": {p.interactions: p.cut_off_share for p in c.points},
             "degenerate": {p.interactions: p.degenerate_share for p in c.points},
-            "improvement": round(best - base, 3),
             "at_36": c.adoption_at(36),
+            "judge_agreement": c.judge_agreement, "samples": c.samples,
         })
-    return rows
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(_group(r["label"]), []).append(r)
+    settings = []
+    for label, rs in groups.items():
+        xs = sorted({x for r in rs for x in r["adoption"]})
+        row: dict[str, Any] = {"setting": label, "seeds": [r["seed"] for r in rs], "adoption": {}, "cut_off": {}}
+        for x in xs:
+            vals = [r["adoption"][x] for r in rs if x in r["adoption"]]
+            cuts = [r["cut_off"][x] for r in rs if x in r["cut_off"]]
+            row["adoption"][x] = {"mean": round(statistics.fmean(vals), 3),
+                                  "sd": round(statistics.pstdev(vals), 3), "min": min(vals), "max": max(vals), "n": len(vals)}
+            row["cut_off"][x] = round(statistics.fmean(cuts), 3)
+        settings.append(row)
+    return {"runs": runs, "settings": settings}
 
 
-def run_oracle(persona: str, args: argparse.Namespace, results: Results) -> None:
+def print_settings(summary: dict[str, Any]) -> None:
+    for row in summary["settings"]:
+        cells = ", ".join(f"{x}: {a['mean']:.2f} ± {a['sd']:.2f} (cut off {row['cut_off'][x]:.2f})"
+                          for x, a in row["adoption"].items())
+        print(f"{row['setting']} over seeds {row['seeds']}: {cells}")
+    for r in summary["runs"]:
+        if r["judge_agreement"]:
+            a = r["judge_agreement"]
+            print(f"{r['label']}: judge vs simulator right {a['right']}, zero {a['zero']}, wrong sign {a['wrong']}, "
+                  f"unjudged {a['unjudged']}")
+        if r["samples"]:
+            print(f"{r['label']}: interactions -> samples: " + ", ".join(f"{k} {v}" for k, v in r["samples"].items()))
+
+
+def run_oracle(persona: str, seed: int, args: argparse.Namespace, results: Results) -> None:
     from oracle import OracleSettings
     from oracle import run_oracle as oracle
 
-    label = f"oracle ({persona})"
+    label = f"oracle ({persona}) seed {seed}"
     curve = results.add(Curve(label=label, persona=persona, method="oracle-reinforce"))
 
     def on_point(p: Any) -> None:
@@ -131,8 +175,9 @@ def run_oracle(persona: str, args: argparse.Namespace, results: Results) -> None
 
     settings = OracleSettings(interactions=args.oracle_interactions, eval_every=args.eval_every,
                               max_new_tokens=args.sample_tokens, eval_max_tokens=args.eval_max_tokens,
-                              temperature=args.oracle_temperature, seed=args.seed, threads=args.threads,
-                              reward=args.oracle_reward, baseline=args.oracle_baseline)
+                              temperature=args.oracle_temperature, seed=seed, threads=args.threads,
+                              reward=args.oracle_reward, baseline=args.oracle_baseline,
+                              eval_prompts=args.eval_prompts)
     done = oracle(persona, settings, on_point=on_point)
     curve.settings, curve.wall_s = done.settings, done.wall_s
     results.save()
@@ -144,7 +189,7 @@ def _yaml_value(text: str) -> Any:
     return yaml.safe_load(text)
 
 
-def run_system(persona: str, method: str | None, args: argparse.Namespace, results: Results) -> None:
+def run_system(persona: str, method: str | None, seed: int, args: argparse.Namespace, results: Results) -> None:
     from clawproxy.simulate.run import SimSettings, simulate
     from clawproxy.simulate.system import System
 
@@ -159,12 +204,13 @@ def run_system(persona: str, method: str | None, args: argparse.Namespace, resul
         key, _, value = kv.partition("=")
         overrides[key] = _yaml_value(value)
     tag = f"{method or 'default'}{'-lora' if args.lora else ''}{'-oracle' if args.system_oracle else ''}"
-    data_dir = Path(args.out) / "runs" / f"{persona}-{tag}-{time.strftime('%H%M%S')}"
+    data_dir = Path(args.out) / "runs" / f"{persona}-{tag}-s{seed}-{time.strftime('%H%M%S')}"
     system = System(data_dir, overrides, args.config)
     t0 = time.monotonic()
     system.start()
     cfg = system.config
-    label = f"{cfg.trainer.method}/{cfg.trainer.finetune}{' +oracle-judge' if args.system_oracle else ''} ({persona})"
+    label = (f"{cfg.trainer.method}/{cfg.trainer.finetune}{' +oracle-judge' if args.system_oracle else ''} "
+             f"({persona}) seed {seed}")
     curve = results.add(Curve(label=label, persona=persona, method=f"{cfg.trainer.method}/{cfg.trainer.finetune}"))
     print(f"[{label}] system up in {time.monotonic() - t0:.0f}s; data {data_dir}", flush=True)
 
@@ -178,13 +224,13 @@ def run_system(persona: str, method: str | None, args: argparse.Namespace, resul
         proxy_url=system.proxy_url, eval_url=system.engine_url, data_dir=str(data_dir), persona=persona,
         interactions=args.interactions, eval_every=args.eval_every, turns_per_conversation=args.turns,
         max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens, temperature=args.temperature,
-        seed=args.seed, oracle=args.system_oracle, trainer_batch_size=cfg.trainer.batch_size,
-        method=curve.method, label=label,
+        seed=seed, oracle=args.system_oracle, trainer_batch_size=cfg.trainer.batch_size,
+        method=curve.method, label=label, feedback=args.feedback, eval_prompts=args.eval_prompts,
         extra={"overrides": {k: v for k, v in overrides.items() if v is not None}},
     )
     try:
         done = asyncio.run(simulate(settings, on_point=on_point))
-        curve.settings = done.settings
+        curve.settings, curve.judge_agreement, curve.samples = done.settings, done.judge_agreement, done.samples
     finally:
         system.stop()
         if not args.keep_checkpoints:  # ~0.5 GB a checkpoint: a few runs would fill a laptop's disk
@@ -210,16 +256,20 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(out, args)
     if args.oracle_json:
         results.curves.extend(c for c in read_json(args.oracle_json) if c.method == "oracle-reinforce")
+    seeds = args.seed or [0, 1, 2]
     for persona in personas:
-        if not args.skip_oracle and not args.oracle_json:
-            run_oracle(persona, args, results)
-        if args.oracle_only:
-            continue
-        for method in methods:
-            run_system(persona, method, args, results)
+        for seed in seeds:
+            if not args.skip_oracle and not args.oracle_json:
+                run_oracle(persona, seed, args, results)
+            if args.oracle_only:
+                continue
+            for method in methods:
+                run_system(persona, method, seed, args, results)
     results.save()
     results.table.summary(results.curves)
-    print(json.dumps(summarize(results.curves), indent=1))
+    summary = summarize(results.curves)
+    print(json.dumps(summary["settings"], indent=1))
+    print_settings(summary)
     print(f"results: {out / 'personalize.json'}  plot: {out / 'personalize.png'}  "
           f"wall: {time.monotonic() - results.t0:.0f}s")
     return 0

@@ -1,10 +1,13 @@
-"""The CPU default voter's model: all-MiniLM-L6-v2 sentence embeddings + lexical cues -> a bagged
-logistic-regression head trained on the labeled train split.
+"""The CPU default voter's model: all-MiniLM-L6-v2 sentence embeddings + lexical cues + word overlap
+-> a bagged logistic-regression head trained on the labeled train split, with thresholds tuned on
+the validation split (judge/eval/fit.py).
 
 Why this and not the 135M chat model: a 135M model zero-shot calls almost every turn "good"; a
 22M-parameter sentence encoder embeds a reply in milliseconds on two cores and, with a linear head
 over (reply embedding, explicit-feedback cues, similarity of the reply to the request and to the
-response), separates praise, corrections, redo requests, restated requests and idle acks.
+response, how the reply's words and numbers relate to the request's and the answer's), separates
+praise, acceptances, corrections that only restate the right value, redo requests, restated
+requests and idle acks. It abstains (0) when its likeliest class is not likely enough.
 
 Why bagging: the judge takes m votes per turn and a deterministic voter would cast m identical
 ones. The head ships as K models, each fitted on a different bootstrap resample of the train
@@ -19,6 +22,7 @@ path with hub access off: nothing is downloaded, ever.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +33,7 @@ import orjson
 
 from clawproxy.errors import ConfigError
 from judge.extract import JudgeInput
-from judge.lexical import CUE_NAMES, cues
+from judge.lexical import CUE_NAMES, content_words, cues
 
 HEAD_PATH = Path(__file__).resolve().parent / "data" / "embedding_head.json"
 LABELS = ("bad", "neutral", "good")  # class index -> label; score = index - 1
@@ -75,14 +79,38 @@ def embed(texts: list[str]) -> np.ndarray:
     return out
 
 
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)?")
+OVERLAP_NAMES = ["share_in_response", "share_in_request", "share_new", "has_number", "number_not_in_response",
+                 "number_in_response", "at_most_two_words", "request_word_not_in_response"]
+
+
+def overlap_features(inp: JudgeInput) -> np.ndarray:
+    """How the reply's words relate to the turn: a correction often restates a value the answer did
+    not have ("thursday", "8", "Mountain."), an acceptance repeats it, a new request shares little."""
+    nxt, req, resp = (content_words(t) for t in (inp.next_state, inp.request, inp.response))
+    k = max(len(nxt), 1)
+    nums, resp_nums = set(_NUMBER.findall(inp.next_state)), set(_NUMBER.findall(inp.response))
+    return np.array([
+        len(nxt & resp) / k, len(nxt & req) / k, len(nxt - resp - req) / k,
+        float(bool(nums)), float(bool(nums - resp_nums)), float(bool(nums & resp_nums)),
+        float(len(nxt) <= 2), float(bool((nxt & req) - resp)),
+    ], dtype=np.float32)
+
+
+FEATURE_NAMES = CUE_NAMES + ["cos_request", "cos_response"] + OVERLAP_NAMES  # after the reply embedding
+
+
 def features(inputs: list[JudgeInput]) -> np.ndarray:
-    """Feature rows: [reply embedding, lexical cues, cos(reply, request), cos(reply, response)]."""
-    nxt = embed([i.next_state for i in inputs])
-    req = embed([i.request for i in inputs])
-    resp = embed([i.response for i in inputs])
-    cue = np.stack([cues(i.next_state, i.request).vector() for i in inputs]) if inputs else np.zeros((0, len(CUE_NAMES)))
+    """Feature rows: [reply embedding, lexical cues, cos(reply, request), cos(reply, response), overlap]."""
+    n = len(inputs)  # one encoder call for all three texts: one forward pass for a single turn
+    emb = embed([i.next_state for i in inputs] + [i.request for i in inputs] + [i.response for i in inputs])
+    nxt, req, resp = emb[:n], emb[n:2 * n], emb[2 * n:]
+    if not inputs:
+        return np.zeros((0, nxt.shape[1] + len(FEATURE_NAMES)), dtype=np.float32)
+    cue = np.stack([cues(i.next_state, i.request).vector() for i in inputs])
     sims = np.stack([(nxt * req).sum(1), (nxt * resp).sum(1)], axis=1)
-    return np.concatenate([nxt, cue, sims], axis=1).astype(np.float32)
+    over = np.stack([overlap_features(i) for i in inputs])
+    return np.concatenate([nxt, cue, sims, over], axis=1).astype(np.float32)
 
 
 @dataclass
@@ -90,11 +118,11 @@ class Head:
     """K bagged multinomial logistic regressions over standardized features."""
 
     mean: np.ndarray        # (F,)
-    std: np.ndarray         # (F,) standardization; `scale` then shrinks the embedding block
-    scale: np.ndarray       # (F,) so 384 embedding dims cannot drown the dozen cue features
+    std: np.ndarray         # (F,) standardization
     weights: np.ndarray     # (K, F, 3)
     bias: np.ndarray        # (K, 3)
-    good_threshold: float   # a head says "good" only when p(good) >= this (keeps false positives rare)
+    good_threshold: float   # "good" only when it is the likeliest class with p(good) >= this
+    bad_threshold: float    # "bad" likewise; anything less sure abstains (0): a wrong sign costs more
     meta: dict[str, Any]
 
     @property
@@ -102,30 +130,30 @@ class Head:
         return int(self.weights.shape[0])
 
     def probs(self, x: np.ndarray, model: int) -> np.ndarray:
-        z = (x - self.mean) / self.std * self.scale
+        z = (x - self.mean) / self.std
         logits = z @ self.weights[model] + self.bias[model]
         logits -= logits.max(axis=-1, keepdims=True)
         e = np.exp(logits)
         return e / e.sum(axis=-1, keepdims=True)
 
     def decide(self, p: np.ndarray) -> np.ndarray:
-        """Class per row: argmax, except 'good' needs p(good) >= good_threshold."""
+        """Class index per row: the likeliest class when it clears its threshold, else neutral (1)."""
         p = np.atleast_2d(p)
         cls = p.argmax(axis=1)
-        weak = (cls == 2) & (p[:, 2] < self.good_threshold)
-        cls[weak] = p[weak, :2].argmax(axis=1)
+        weak = ((cls == 2) & (p[:, 2] < self.good_threshold)) | ((cls == 0) & (p[:, 0] < self.bad_threshold))
+        cls[weak] = 1
         return cls
 
     def save(self, path: Path = HEAD_PATH) -> None:
         data = {
             "labels": list(LABELS),
-            "features": ["emb"] * (self.mean.shape[0] - len(CUE_NAMES) - 2) + CUE_NAMES + ["cos_request", "cos_response"],
+            "features": ["emb"] * (self.mean.shape[0] - len(FEATURE_NAMES)) + FEATURE_NAMES,
             "mean": np.round(self.mean, 6).tolist(),
             "std": np.round(self.std, 6).tolist(),
-            "scale": np.round(self.scale, 6).tolist(),
             "weights": np.round(self.weights, 6).tolist(),
             "bias": np.round(self.bias, 6).tolist(),
             "good_threshold": self.good_threshold,
+            "bad_threshold": self.bad_threshold,
             "meta": self.meta,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,56 +168,31 @@ class Head:
         return cls(
             mean=np.asarray(data["mean"], dtype=np.float32),
             std=np.asarray(data["std"], dtype=np.float32),
-            scale=np.asarray(data["scale"], dtype=np.float32),
             weights=np.asarray(data["weights"], dtype=np.float32),
             bias=np.asarray(data["bias"], dtype=np.float32),
             good_threshold=float(data["good_threshold"]),
+            bad_threshold=float(data["bad_threshold"]),
             meta=data.get("meta", {}),
         )
 
 
-def fit_logreg(x: np.ndarray, y: np.ndarray, l2: float, steps: int = 600, lr: float = 0.5,
-               sample_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Multinomial logistic regression by full-batch gradient descent (small data, no new deps)."""
-    n, f = x.shape
-    w = np.zeros((f, 3), dtype=np.float64)
-    b = np.zeros(3, dtype=np.float64)
-    onehot = np.eye(3)[y]
-    sw = np.ones(n) if sample_weight is None else sample_weight
-    sw = sw / sw.sum()
-    for _ in range(steps):
-        logits = x @ w + b
-        logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
-        p /= p.sum(axis=1, keepdims=True)
-        g = (p - onehot) * sw[:, None]
-        w -= lr * (x.T @ g + l2 * w)
-        b -= lr * g.sum(axis=0)
-    return w.astype(np.float32), b.astype(np.float32)
-
-
-def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, l2: float = 0.01, seed: int = 0,
-             good_threshold: float = 0.5, emb_scale: float = 1.0,
+def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, c: float = 0.03, seed: int = 0,
+             good_threshold: float = 0.5, bad_threshold: float = 0.5,
              meta: dict[str, Any] | None = None) -> Head:
-    """Fit K bootstrap heads on (x, y) with class-balanced weights.
+    """Fit K class-balanced multinomial logistic regressions (inverse L2 strength ``c``), each on a
+    bootstrap resample of (x, y) with y = class index (0 bad, 1 neutral, 2 good)."""
+    from sklearn.linear_model import LogisticRegression
 
-    ``emb_scale`` multiplies the standardized embedding block (all but the last cue + similarity
-    features): under one L2 penalty, a smaller scale is a stronger prior against the embedding.
-    """
     mean = x.mean(axis=0)
     std = x.std(axis=0) + 1e-3
-    scale = np.ones(x.shape[1])
-    scale[: x.shape[1] - len(CUE_NAMES) - 2] = emb_scale
-    z = (x - mean) / std * scale
+    z = (x - mean) / std
     rng = np.random.default_rng(seed)
     ws, bs = [], []
-    counts = np.bincount(y, minlength=3).astype(np.float64)
     for _ in range(k):
         idx = rng.integers(0, len(y), len(y))
-        cw = 1.0 / np.maximum(counts[y[idx]], 1)
-        w, b = fit_logreg(z[idx], y[idx], l2, sample_weight=cw)
-        ws.append(w)
-        bs.append(b)
-    return Head(mean=mean.astype(np.float32), std=std.astype(np.float32),
-                scale=scale.astype(np.float32), weights=np.stack(ws),
-                bias=np.stack(bs), good_threshold=good_threshold, meta=meta or {})
+        model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced").fit(z[idx], y[idx])
+        ws.append(model.coef_.T)
+        bs.append(model.intercept_)
+    return Head(mean=mean.astype(np.float32), std=std.astype(np.float32), weights=np.stack(ws).astype(np.float32),
+                bias=np.stack(bs).astype(np.float32), good_threshold=good_threshold, bad_threshold=bad_threshold,
+                meta=meta or {})

@@ -17,12 +17,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# (cue list, pattern) for every cue: tests/judge/test_independence.py checks them against the simulator.
+CUE_PATTERNS: list[tuple[str, str]] = []
 
-def _rx(*patterns: str) -> re.Pattern[str]:
+
+def _rx(name: str, *patterns: str) -> re.Pattern[str]:
+    CUE_PATTERNS.extend((name, p) for p in patterns)
     return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
 
 
 PRAISE = _rx(
+    "praise",
     r"\bthanks?\b(?!\s+for\s+nothing)",
     r"\bthank\s*(?:you|u)\b",
     r"\bthx\b",
@@ -40,6 +45,7 @@ PRAISE = _rx(
     r"\bkudos\b",
 )
 POSITIVE = _rx(
+    "positive",
     r"\bperfect\b",
     r"\bgreat\b",
     r"\bawesome\b",
@@ -92,6 +98,7 @@ POSITIVE = _rx(
     "✅",
 )
 CORRECTION = _rx(
+    "correction",
     r"^\s*no\b",
     r"\bnope\b",
     r"\bwrong\b",
@@ -123,6 +130,7 @@ CORRECTION = _rx(
     r"\bcan't be right\b",
 )
 REDO = _rx(
+    "redo",
     r"\bshorter\b",
     r"\blonger\b",
     r"\btoo (?:long|short|stiff|formal|casual|vague|wordy|verbose|much|cold|complicated)\b",
@@ -154,24 +162,8 @@ REDO = _rx(
     r"\bunder \d+ words\b",
     r"\bmake it\b",
 )
-# Style words that are a redo request in "keep it brief" or "just the answer please", and a
-# description of what the user liked in "Nice and brief, thank you." or "Great, just the facts.":
-# inside a sentence that praises, with no contrast, no other negative cue and no request, they are
-# the latter. Without this, the CPU judge scored 0 on a third of the praise a concise persona gave.
-STYLE_DESCRIPTOR = _rx(r"\bbrief(?:ly)?\b", r"\bconcise\b", r"\bjust the\b", r"\bonly the\b", r"\bprofessional\b")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-# ... unless the sentence also asks for something ("great, now just the names", "brief please")
-_REQUEST_MARK = _rx(r"\bnow\b", r"\bplease\b", r"\bpl[sz]\b", r"\bnext time\b", r"\bfrom now on\b", r"\bno\b", r"\?")
-# A question that starts a new request, after an optional transition ("Next question:", "Also,").
-# "How do I ...?" asks about the user's world; "How could you make it shorter?" asks for a redo.
-_NEW_QUESTION = re.compile(
-    r"^\W*(?:(?:next question|another one|something else|moving on|also|now|next|ok(?:ay)?,? next)\W+)?"
-    r"(?:how (?:(?:do|does|can|could|should|would) (?:i|we|one|my|our|people)|to|much|many|long|often)"
-    r"|what(?! about)|where|when|which|who)\b"
-    r"[^?]*\?\s*$",
-    re.IGNORECASE,
-)
 COMPLAINT = _rx(
+    "complaint",
     r"\buseless\b",
     r"\bterrible\b",
     r"\bawful\b",
@@ -186,18 +178,6 @@ COMPLAINT = _rx(
     r"\bgarbage\b",
     r"\bnonsense\b",
     r"\bgibberish\b",
-    # a broken answer: cut off, or looping (people say so without "no" or "wrong")
-    r"\b(?:got|was|is|gets) cut (?:off|short)\b",
-    r"\bcut (?:off|short) (?:mid|half|before|again)",
-    r"\bmid-?sentence\b",
-    r"\b(?:stopped|stops|ended|ends) (?:halfway|abruptly|in the middle)\b",
-    r"\b(?:unfinished|incomplete) (?:answer|sentence|reply|response)\b",
-    r"\brepeating (?:yourself|itself|the same)\b",
-    r"\brepeats (?:itself|the same)\b",
-    r"\b(?:goes|going|went|runs|running) in circles\b",
-    r"\b(?:it's|its|it is|you're|you are|keeps?) looping\b",
-    r"\bmakes no sense\b",
-    r"\bdoesn't make (?:any )?sense\b",
     r"\bstupid\b",
     r"\bridiculous\b",
     r"\bworse\b",
@@ -216,8 +196,9 @@ COMPLAINT = _rx(
     "😡",
     "🤦",
 )
-CONTRAST = _rx(r"\bbut\b", r"\bhowever\b", r"\bthough\b", r"\bexcept\b")
+CONTRAST = _rx("contrast", r"\bbut\b", r"\bhowever\b", r"\bthough\b", r"\bexcept\b")
 MOVE_ON = _rx(
+    "move_on",
     r"^\s*(?:and|also|now|next|ok(?:ay)?,? (?:and|now|next)|cool\.?|great\.?|good\.?)\b",
     r"\bnow (?:do|write|run|make|add|the)\b",
     r"\bwhat about\b",
@@ -233,6 +214,7 @@ BARE_ACK = re.compile(
 )
 EMOJI_ONLY = re.compile(r"^[\W_]+$")
 TOOL_ERROR = _rx(
+    "tool_error",
     r"^\s*error\b",
     r"\berror:",
     r"\bERR!",
@@ -344,24 +326,6 @@ CUE_NAMES = [
 ]
 
 
-def _redo_count(text: str) -> int:
-    """REDO matches, less the style words that describe the answer inside a praising sentence and
-    any inside a new question ("Also, how can I make my bike last longer?" asks nothing of the
-    answer before it)."""
-    n = 0
-    for sent in _SENTENCE_END.split(text):
-        if _NEW_QUESTION.match(sent):
-            continue
-        redo = len(REDO.findall(sent))
-        described = len(STYLE_DESCRIPTOR.findall(sent))
-        praising = PRAISE.search(sent) or POSITIVE.search(sent)
-        if (described and praising and redo == described and not CONTRAST.search(sent)
-                and not CORRECTION.search(sent) and not COMPLAINT.search(sent) and not _REQUEST_MARK.search(sent)):
-            redo = 0
-        n += redo
-    return n
-
-
 def cues(next_text: str, request: str = "") -> Cues:
     # phones type curly apostrophes ("that’s not"); the cue lists are written with straight ones
     text = next_text.strip().replace("\u2019", "'").replace("\u2018", "'")
@@ -369,7 +333,7 @@ def cues(next_text: str, request: str = "") -> Cues:
         praise=len(PRAISE.findall(text)),
         positive=len(POSITIVE.findall(text)),
         correction=len(CORRECTION.findall(text)),
-        redo=_redo_count(text),
+        redo=len(REDO.findall(text)),
         complaint=len(COMPLAINT.findall(text)),
         contrast=len(CONTRAST.findall(text)),
         move_on=len(MOVE_ON.findall(text)),

@@ -5,7 +5,8 @@ A voter turns one ``JudgeInput`` into a ``Vote``: a score in {+1, 0, -1} or None
 voter that raises (an unreachable endpoint, a bug) is not a verdict: the worker retries the turn
 later (judge/worker.py). ``majority`` combines m votes. Three voters exist:
 
-- ``embedding`` (CPU default): bagged logistic heads over sentence embeddings + lexical cues.
+- ``embedding`` (CPU default): bagged logistic heads over sentence embeddings, lexical cues and
+  word overlap; abstains (0) when unsure.
 - ``llm``: any OpenAI-compatible chat endpoint (the engine by default), sampled at a temperature,
   answering ``Score: +1|0|-1`` and ``Hint: ...``.
 - ``lexical``: the cue rules alone, kept as a baseline for ``clawproxy judge eval``.
@@ -87,21 +88,9 @@ class LexicalVoter:
         return Vote(score, feedback_hint(inp, c) if score == -1 else None, raw=f"lexical {c}")
 
 
-def combine(head: int, lexical: int) -> int:
-    """One vote from the two views: an explicit cue fills in where the head sees nothing
-    (a bare "👎" or "useless" is -1, not 0), and opposite polarities abstain (0), because a
-    confident disagreement between the views is exactly what "ambiguous" means. Chosen by
-    cross-validation on the train split (accuracy 0.904 -> 0.936, FNR 0.091 -> 0.0, FPR unchanged)."""
-    if head == 0:
-        return lexical
-    if lexical == -head:
-        return 0
-    return head
-
-
 class EmbeddingVoter:
-    """The CPU default: vote i asks bagged head i mod K (see judge/embedding.py for why), then
-    ``combine``s that head's verdict with the lexical cues."""
+    """The CPU default: vote i asks bagged head i mod K (see judge/embedding.py for why); the cues
+    are features of the head, not a rule over it."""
 
     name = "embedding"
 
@@ -133,12 +122,9 @@ class EmbeddingVoter:
             return Vote(0, None, raw="empty next state")
         model = idx % self.head.k
         p = self.head.probs(x, model)
-        head_score = int(self.head.decide(p)[0]) - 1
-        c = cues(inp.next_state, inp.request)
-        score = combine(head_score, lexical_score(c))
-        raw = (f"head {model}: p(bad)={p[0]:.3f} p(neutral)={p[1]:.3f} p(good)={p[2]:.3f} -> "
-               f"{head_score:+d}; lexical {lexical_score(c):+d}; vote {score:+d}")
-        return Vote(score, feedback_hint(inp, c) if score == -1 else None, raw=raw)
+        score = int(self.head.decide(p)[0]) - 1
+        raw = f"head {model}: p(bad)={p[0]:.3f} p(neutral)={p[1]:.3f} p(good)={p[2]:.3f} -> {score:+d}"
+        return Vote(score, feedback_hint(inp) if score == -1 else None, raw=raw)
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
         if inp.role == "tool":

@@ -45,21 +45,32 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
 @click.option("--llm-persona-url", default=None,
               help="OpenAI-compatible endpoint that writes the persona's feedback (GPU users); the check stays scripted.")
 @click.option("--llm-persona-model", default="default", show_default=True)
+@click.option("--feedback", "feedback_path", default=None, type=click.Path(dir_okay=False),
+              help="Feedback bank (YAML: praise, complaints, broken-answer complaints, transitions per persona). "
+                   "Default: the shipped natural bank, clawproxy/simulate/feedback/default.yaml.")
+@click.option("--eval-prompts", type=click.Choice(["heldout", "validation"]), default="heldout", show_default=True,
+              help="Prompts the curve is measured on: 'validation' while tuning settings, 'heldout' for the reported curve.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where curve.json and curve.png go (default: <data-dir>/simulate).")
 @click.option("--no-settle", is_flag=True, help="Measure without waiting for the judge/trainer to catch up.")
 def simulate(persona, interactions, eval_every, turns_per_conversation, max_tokens, eval_max_tokens,
              temperature, seed, proxy_url, engine_url, data_dir, config_path, method, lora, lr,
-             batch_size, oracle, llm_persona_url, llm_persona_model, out_dir, no_settle) -> None:
+             batch_size, oracle, llm_persona_url, llm_persona_model, feedback_path, eval_prompts, out_dir,
+             no_settle) -> None:
     """Drive a running (or freshly started) clawproxy with a simulated user; plot held-out adoption."""
     import asyncio
 
     from clawproxy.errors import ClawproxyError
     from clawproxy.simulate.measure import LiveTable, plot_png, write_json
+    from clawproxy.simulate.personas import load_feedback
     from clawproxy.simulate.run import SimSettings
     from clawproxy.simulate.run import simulate as run_sim
     from clawproxy.simulate.system import System
 
+    try:
+        load_feedback(feedback_path).for_persona(persona)  # a bad bank fails before a system starts
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
     overrides = {
         "trainer.method": method,
         "trainer.finetune": None if lora is None else ("lora" if lora else "full"),
@@ -90,7 +101,8 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         max_tokens=max_tokens, eval_max_tokens=eval_max_tokens, temperature=temperature, seed=seed,
         oracle=oracle, settle=not no_settle, trainer_batch_size=cfg.trainer.batch_size,
         method=f"{cfg.trainer.method}/{cfg.trainer.finetune}",
-        llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model,
+        llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model, feedback=feedback_path,
+        eval_prompts=eval_prompts,
     )
     table = LiveTable()
     try:
@@ -103,4 +115,10 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
     out = Path(out_dir or Path(data_dir or ".") / "simulate")
     j = write_json(out / "curve.json", [curve])
     p = plot_png(out / "curve.png", [curve], title=f"persona: {persona}")
+    if curve.judge_agreement:
+        a = curve.judge_agreement
+        click.echo(f"judge vs the simulator's intended verdicts: right {a['right']}, zero {a['zero']}, "
+                   f"wrong sign {a['wrong']}, unjudged {a['unjudged']}")
+    if curve.samples:
+        click.echo("interactions -> training samples: " + ", ".join(f"{k} {v}" for k, v in curve.samples.items()))
     click.echo(f"wall {curve.wall_s:.0f}s; curve: {j}  plot: {p}")

@@ -65,6 +65,11 @@ class Interaction:
     elapsed_s: float
     problem: str | None = None  # the persona complained the answer was 'cut_off' or 'degenerate'
 
+    @property
+    def intended(self) -> int:
+        """The verdict the simulator meant: +1 for praise, -1 for any complaint."""
+        return 1 if self.met and self.problem is None else -1
+
 
 @dataclass
 class DriverSettings:

@@ -31,6 +31,7 @@ class EvalAnswer:
     degenerate: str | None
     similarity: float
     adopted: bool
+    cut_off: bool = False  # the token limit ended it: never adopted, whatever the check says
 
 
 @dataclass
@@ -38,7 +39,7 @@ class CurvePoint:
     """One measurement pass."""
 
     interactions: int
-    adoption: float  # met AND real answer
+    adoption: float  # met AND real answer AND not cut off by the token limit
     preference_rate: float  # met, whatever the quality
     degenerate_share: float
     off_topic_share: float
@@ -48,6 +49,7 @@ class CurvePoint:
     judge_score_mean: float | None = None  # mean judge score of the turns since the last point
     judged: int = 0
     elapsed_s: float = 0.0
+    cut_off_share: float = 0.0  # answers the token limit ended (counted as not adopted)
     answers: list[EvalAnswer] = field(default_factory=list)
 
 
@@ -61,6 +63,10 @@ class Curve:
     settings: dict[str, Any] = field(default_factory=dict)
     points: list[CurvePoint] = field(default_factory=list)
     wall_s: float = 0.0
+    # the judge against the simulator's intended verdicts: right / zero / wrong sign / unjudged
+    judge_agreement: dict[str, int] = field(default_factory=dict)
+    # what became of each interaction: trained, or why not (see StoreView.sample_accounting)
+    samples: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -83,13 +89,16 @@ class Curve:
 
 
 def score_answers(prompts: Sequence[str], answers: Sequence[str], check: Any,
-                  on_topic_min: float = ON_TOPIC_MIN) -> list[EvalAnswer]:
-    """Grade held-out answers against a preference check and the real-answer checks."""
+                  on_topic_min: float = ON_TOPIC_MIN, cut_off: Sequence[bool] | None = None) -> list[EvalAnswer]:
+    """Grade held-out answers against a preference check and the real-answer checks; an answer the
+    token limit cut off (``cut_off[i]``) is not adopted: half an answer is not a short answer."""
     quality = assess(list(prompts), list(answers), on_topic_min)
+    cuts = list(cut_off) if cut_off is not None else [False] * len(answers)
     out = []
-    for p, a, q in zip(prompts, answers, quality, strict=True):
+    for p, a, q, cut in zip(prompts, answers, quality, cuts, strict=True):
         met = bool(check(a))
-        out.append(EvalAnswer(p, a, len(words(a)), met, q.degenerate, round(q.similarity, 4), met and q.real))
+        out.append(EvalAnswer(p, a, len(words(a)), met, q.degenerate, round(q.similarity, 4),
+                              met and q.real and not cut, bool(cut)))
     return out
 
 
@@ -109,6 +118,7 @@ def make_point(interactions: int, graded: list[EvalAnswer], weight_version: int 
         judge_score_mean=judge_score_mean,
         judged=judged,
         elapsed_s=round(elapsed_s, 1),
+        cut_off_share=sum(g.cut_off for g in graded) / n,
         answers=graded,
     )
 
@@ -177,11 +187,11 @@ def point_row(label: str, p: CurvePoint) -> list[str]:
     js = "-" if p.judge_score_mean is None else f"{p.judge_score_mean:+.2f} ({p.judged})"
     wv = "-" if p.weight_version is None else str(p.weight_version)
     return [label, str(p.interactions), f"{p.adoption:.2f}", f"{p.preference_rate:.2f}",
-            f"{p.degenerate_share:.2f}", f"{p.mean_words:.0f}", f"{p.mean_similarity:.2f}", js, wv,
+            f"{p.degenerate_share:.2f}", f"{p.cut_off_share:.2f}", f"{p.mean_words:.0f}", f"{p.mean_similarity:.2f}", js, wv,
             f"{p.elapsed_s:.0f}"]
 
 
-COLUMNS = ("run", "inter.", "adoption", "pref met", "degen.", "words", "sim", "judge", "weights", "t (s)")
+COLUMNS = ("run", "inter.", "adoption", "pref met", "degen.", "cut off", "words", "sim", "judge", "weights", "t (s)")
 
 
 class LiveTable:

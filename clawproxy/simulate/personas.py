@@ -1,10 +1,10 @@
 """Simulated users: a checkable preference plus natural, varied reactions to each answer.
 
 A persona asks a question, reads the answer, and reacts the way a person would: praise when the
-answer meets its preference, a complaint or a correction when it does not, then moves on to the
-next question. The reaction is the assistant turn's next state, so it must be something the
-next-state judge can read ("Too long, keep it under 40 words please."), and it must vary: a judge
-or a policy that keys on one fixed sentence would be learning the simulator, not the user.
+answer meets its preference, a complaint when it does not, then moves on to the next question. The
+reaction is the assistant turn's next state. Its words come from a feedback bank (YAML, default
+feedback/default.yaml, ``clawproxy simulate --feedback FILE``), written apart from the judge: the
+judge is measured on how well it reads them, never tuned to them (tests/judge/test_independence.py).
 
 The preference check is deterministic: the measurement uses the same check on held-out answers,
 and ``--oracle`` uses it as the reward.
@@ -16,8 +16,13 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from clawproxy.errors import ConfigError
 from clawproxy.simulate.quality import degeneracy, words
 
 # Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
@@ -64,135 +69,117 @@ def has_sign_off(text: str) -> bool:
     return tail.lower().rstrip(" .!").endswith(SIGN_OFF.lower().rstrip(" .!"))
 
 
-def _word_count_phrase(text: str) -> str:
-    return f"{len(words(text))} words"
+def complaint_fields(answer: str) -> dict[str, str]:
+    """What a complaint may quote: {n} the answer's word count, {found} a filler phrase it used."""
+    found = filler_phrases(answer)
+    return {"n": f"{len(words(answer))} words", "found": f'"{found[0]}"' if found else "that filler"}
 
 
 @dataclass(frozen=True)
 class Preference:
-    """One checkable preference and the ways a user voices it."""
+    """One checkable preference (what the user wants; how they say so lives in the feedback bank)."""
 
     name: str
     description: str  # what the user wants, in the user's words (for LLM personas and reports)
     hint: str  # what the response should have done, 1 sentence (an OPD hint)
     check: Callable[[str], bool]
-    praise: tuple[str, ...]
-    complaints: tuple[str, ...]  # may use {n} (word count) and {found} (offending phrase)
-
-    def complaint_fields(self, answer: str) -> dict[str, str]:
-        found = filler_phrases(answer)
-        return {"n": _word_count_phrase(answer), "found": f'"{found[0]}"' if found else "that filler"}
 
 
 PREFERENCES: dict[str, Preference] = {
-    "concise": Preference(
-        name="concise",
-        description="answers under 40 words",
-        hint="Answer in under 40 words.",
-        check=is_concise,
-        praise=(
-            "Perfect, short and to the point. Thanks!",
-            "Great, that's exactly the length I like.",
-            "Nice and brief, thank you.",
-            "Thanks, that was quick to read.",
-            "Love it, short and clear.",
-            "That's the right length, thanks.",
-            "Good, concise answer. Thanks!",
-        ),
-        complaints=(
-            "Too long. Keep it under 40 words please.",
-            "That's way too much text ({n}). Please answer in under 40 words.",
-            "Can you be briefer? I asked for answers under 40 words.",
-            "Too wordy, I don't have time to read all that. Under 40 words next time.",
-            "Please keep your answers short, under 40 words.",
-            "Ugh, that was long. Shorter please, 40 words max.",
-            "I wanted a short answer, not an essay ({n}). Keep it under 40 words.",
-            "Way too long again. Under 40 words, please.",
-        ),
-    ),
-    "bullets": Preference(
-        name="bullets",
-        description="answers as a short list of bullet points (lines starting with '- ')",
-        hint="Answer as a list of bullet points, each line starting with '- '.",
-        check=is_bulleted,
-        praise=(
-            "Great, bullet points are so much easier to scan. Thanks!",
-            "Perfect, I love the list format.",
-            "Thanks, that list is exactly how I like it.",
-            "Nice, clean bullet points. Thank you.",
-            "Good, easy to skim. Thanks!",
-            "That's the format I want, thanks.",
-        ),
-        complaints=(
-            "No, I can't read paragraphs like that. Please use bullet points.",
-            "That's not the format I asked for. Give me a bulleted list next time.",
-            "Wrong format again. I want bullet points, one idea per line.",
-            "Too much prose, that doesn't work for me. Bullet points please.",
-            "Not helpful as a wall of text. Answer with a bullet list, lines starting with a dash.",
-            "I asked for bullet points, not paragraphs. Please redo it as a list.",
-        ),
-    ),
-    "no_filler": Preference(
-        name="no_filler",
-        description="no apologies, pleasantries or filler phrases; straight to the point",
-        hint="Answer directly, with no apologies, pleasantries or filler phrases.",
-        check=has_no_filler,
-        praise=(
-            "Good, straight to the point. Thanks!",
-            "Thanks, no fluff, that's how I like it.",
-            "Perfect, direct and clear.",
-            "Nice, no filler at all. Thank you.",
-            "Great, just the facts. Thanks.",
-            "That's exactly the tone I want, thanks.",
-        ),
-        complaints=(
-            "Ugh, skip the filler like {found} and just answer.",
-            "No, drop phrases like {found}. That's not what I want, get straight to the point.",
-            "Too much fluff, that's annoying. No {found}, just the answer please.",
-            "Stop with the filler phrases, I asked you to be direct.",
-            "I don't need {found}. That's not helpful, just tell me what to do.",
-            "Wrong tone again. Cut the pleasantries and filler, just answer.",
-        ),
-    ),
-    "sign_off": Preference(
-        name="sign_off",
-        description=f"every answer ends with the sign-off line '{SIGN_OFF}'",
-        hint=f"End the answer with the line '{SIGN_OFF}'.",
-        check=has_sign_off,
-        praise=(
-            "Thanks! And I like the sign-off.",
-            "Perfect, nice sign-off too. Thanks!",
-            "Great answer, and thanks for the friendly closing.",
-            "Thank you, that's exactly how I like answers to end.",
-        ),
-        complaints=(
-            f"No, you forgot the sign-off again. Always end with '{SIGN_OFF}'",
-            f"That's not how I asked you to end. Finish with '{SIGN_OFF}' please.",
-            f"Wrong ending. I want every answer to close with '{SIGN_OFF}'",
-            f"You didn't do what I asked: the last line must be '{SIGN_OFF}'",
-            f"Where's my sign-off? That's wrong, end with '{SIGN_OFF}' please.",
-        ),
-    ),
+    "concise": Preference("concise", "answers under 40 words", "Answer in under 40 words.", is_concise),
+    "bullets": Preference("bullets", "answers as a short list of bullet points (lines starting with '- ')",
+                          "Answer as a list of bullet points, each line starting with '- '.", is_bulleted),
+    "no_filler": Preference("no_filler", "no apologies, pleasantries or filler phrases; straight to the point",
+                            "Answer directly, with no apologies, pleasantries or filler phrases.", has_no_filler),
+    "sign_off": Preference("sign_off", f"every answer ends with the sign-off line '{SIGN_OFF}'",
+                           f"End the answer with the line '{SIGN_OFF}'.", has_sign_off),
 }
 
-# What anyone says about a broken answer, whatever their preference: one cut off mid-sentence (the
-# request's max_tokens ran out) or one that loops. A person does not praise the style of half an
-# answer or of a loop, and before these existed the no_filler persona praised 15 of 36 answers in
-# one run that were cut off, most of them looping ("Good, straight to the point").
-BROKEN_COMPLAINTS: dict[str, tuple[str, ...]] = {
-    "cut_off": (
-        "Your answer was cut off before the end. Give me something short enough to finish.",
-        "That stopped in the middle of a sentence, so it's no use to me. Shorter and complete, please.",
-        "The reply ends abruptly. Please give complete answers.",
-        "It got cut short again. I need the whole answer, keep it tighter.",
-    ),
-    "degenerate": (
-        "You're repeating yourself, that's not helpful. Just answer the question.",
-        "That doesn't make sense, it runs in circles. Give me a real answer.",
-        "It keeps looping on the same words. Say it once, clearly.",
-        "That's gibberish. Please give me a proper answer.",
-    ),
-}
+DEFAULT_FEEDBACK = Path(__file__).resolve().parent / "feedback" / "default.yaml"
+PROBLEMS = ("cut_off", "degenerate")
+
+
+class _Phrases(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @staticmethod
+    def _check(phrases: list[str], what: str) -> list[str]:
+        if not phrases or any(not p.strip() for p in phrases):
+            raise ValueError(f"{what}: give at least one non-empty phrase")
+        return phrases
+
+
+class Broken(_Phrases):
+    cut_off: list[str]
+    degenerate: list[str]
+
+    @field_validator("cut_off", "degenerate")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        return cls._check(v, "broken")
+
+
+class PersonaFeedback(_Phrases):
+    praise: list[str]
+    complaints: list[str]
+    broken: Broken | None = None  # None: the bank's shared broken-answer complaints
+    transitions: list[str] | None = None  # None: the bank's shared transitions
+
+    @field_validator("praise", "complaints")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        return cls._check(v, "praise/complaints")
+
+
+class FeedbackBank(_Phrases):
+    """A feedback file: shared broken-answer complaints and transitions, and per-persona phrases."""
+
+    broken: Broken
+    transitions: list[str]
+    personas: dict[str, PersonaFeedback]
+
+    @field_validator("transitions")
+    @classmethod
+    def _has_question(cls, v: list[str]) -> list[str]:
+        if not v or any(t.count("{q}") != 1 for t in v):
+            raise ValueError("transitions: each must contain {q} (the next question) exactly once")
+        return v
+
+    def for_persona(self, name: str) -> PersonaFeedback:
+        fb = self.personas.get(name)
+        if fb is None:
+            raise ConfigError(f"the feedback file has no persona {name!r}; it has {', '.join(self.personas) or 'none'}.")
+        return fb.model_copy(update={"broken": fb.broken or self.broken,
+                                     "transitions": fb.transitions or self.transitions})
+
+    def phrases(self) -> list[str]:
+        """Every phrase in the bank (transitions without their {q})."""
+        out = [*self.broken.cut_off, *self.broken.degenerate, *(t.replace("{q}", "").strip() for t in self.transitions)]
+        for fb in self.personas.values():
+            out += [*fb.praise, *fb.complaints]
+            if fb.broken:
+                out += [*fb.broken.cut_off, *fb.broken.degenerate]
+            out += [t.replace("{q}", "").strip() for t in fb.transitions or []]
+        return [p for p in out if p]
+
+
+def load_feedback(path: str | Path | None = None) -> FeedbackBank:
+    """The feedback bank in ``path`` (YAML; default: the shipped natural bank)."""
+    path = Path(path) if path else DEFAULT_FEEDBACK
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"feedback file {path} not found; pass an existing YAML file to --feedback.") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"feedback file {path} is not valid YAML: {e}") from e
+    try:
+        return FeedbackBank.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"feedback file {path}: {where}: {first['msg']} (see {DEFAULT_FEEDBACK.name} for the format).") from e
+
+
 # degeneracy() reasons that read as broken to a person; a very short answer may be a fine answer.
 _BROKEN = {"empty", "symbols", "repeated_word", "looping", "low_vocabulary"}
 
@@ -204,19 +191,6 @@ def answer_problem(answer: str, finish_reason: str | None = None) -> str | None:
     if finish_reason == "length":
         return "cut_off"
     return None
-
-
-# How the persona moves on after reacting. {q} is the next question.
-TRANSITIONS: tuple[str, ...] = (
-    "Next question: {q}",
-    "Another one: {q}",
-    "Now, {q}",
-    "Also, {q}",
-    "Okay, next: {q}",
-    "{q}",
-    "Moving on. {q}",
-    "Something else: {q}",
-)
 
 
 def _lower_first(q: str) -> str:
@@ -239,11 +213,19 @@ class ScriptedPersona:
 
     preference: Preference
     seed: int = 0
+    words: PersonaFeedback | None = None  # None: the shipped bank's phrases for this preference
     rng: random.Random = field(init=False)
     _last: dict[bool, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        if self.words is None:
+            self.words = load_feedback().for_persona(self.preference.name)
+
+    @property
+    def feedback_words(self) -> PersonaFeedback:
+        assert self.words is not None and self.words.broken is not None and self.words.transitions
+        return self.words
 
     @property
     def name(self) -> str:
@@ -252,7 +234,7 @@ class ScriptedPersona:
     def check(self, answer: str) -> bool:
         return self.preference.check(answer)
 
-    def _pick(self, options: tuple[str, ...], key: bool) -> str:
+    def _pick(self, options: list[str], key: bool) -> str:
         # Never the same template twice in a row: variety is part of the contract.
         idx = self.rng.randrange(len(options))
         if len(options) > 1 and idx == self._last.get(key):
@@ -263,12 +245,12 @@ class ScriptedPersona:
     def feedback(self, question: str, answer: str, met: bool, problem: str | None = None) -> str:
         """Praise when the preference is met and the answer is whole; the preference's complaint
         when it is not met; a complaint about the broken answer when it is met but cut off or looping."""
-        pref = self.preference
+        w = self.feedback_words
         if met and problem:
-            return self._pick(BROKEN_COMPLAINTS[problem], False)
+            return self._pick(getattr(w.broken, problem), False)
         if met:
-            return self._pick(pref.praise, True)
-        return self._pick(pref.complaints, False).format(**pref.complaint_fields(answer))
+            return self._pick(w.praise, True)
+        return self._pick(w.complaints, False).format(**complaint_fields(answer))
 
     def react(self, question: str, answer: str, next_question: str | None,
               finish_reason: str | None = None) -> Reaction:
@@ -277,8 +259,9 @@ class ScriptedPersona:
         fb = self.feedback(question, answer, met, problem)
         if next_question is None:
             return Reaction(met, fb, fb, problem)
-        t = self.rng.choice(TRANSITIONS)
-        q = next_question if t.startswith("{q}") or ":" in t or "." in t.split("{q}")[0] else _lower_first(next_question)
+        t = self.rng.choice(self.feedback_words.transitions)
+        lead = t.split("{q}")[0].strip()
+        q = next_question if not lead or lead.endswith((".", ":", "?", "!")) else _lower_first(next_question)
         return Reaction(met, fb, fb + "\n\n" + t.format(q=q), problem)
 
 
@@ -335,12 +318,13 @@ class LLMPersona(ScriptedPersona):
 
 
 def make_persona(name: str, seed: int = 0, llm_url: str | None = None, llm_model: str = "default",
-                 llm_api_key: str = "sk-none") -> ScriptedPersona:
-    """A persona by preference name; with ``llm_url`` its feedback comes from that endpoint."""
+                 llm_api_key: str = "sk-none", feedback: str | Path | None = None) -> ScriptedPersona:
+    """A persona by preference name, speaking the phrases of the ``feedback`` bank (default: the
+    shipped one); with ``llm_url`` its feedback comes from that endpoint instead."""
     if name not in PREFERENCES:
-        from clawproxy.errors import ConfigError
-
         raise ConfigError(f"unknown persona {name!r}; choose one of {', '.join(PREFERENCES)}.")
+    words = load_feedback(feedback).for_persona(name)
     if llm_url:
-        return LLMPersona(PREFERENCES[name], seed=seed, base_url=llm_url, model=llm_model, api_key=llm_api_key)
-    return ScriptedPersona(PREFERENCES[name], seed=seed)
+        return LLMPersona(PREFERENCES[name], seed=seed, words=words, base_url=llm_url, model=llm_model,
+                          api_key=llm_api_key)
+    return ScriptedPersona(PREFERENCES[name], seed=seed, words=words)

@@ -70,8 +70,22 @@ HELDOUT_PROMPTS: tuple[str, ...] = (
     "How can I start a small vegetable garden?",
 )
 
+# For tuning (learning rate, batch size, ...): `--eval-prompts validation`. The held-out pool above
+# only draws the reported curve, so no setting is chosen by looking at it.
+VALIDATION_PROMPTS: tuple[str, ...] = (
+    "How do I make a smoothie?",
+    "How can I keep my desk tidy?",
+    "What should I do before a long drive?",
+    "How do I polish leather shoes?",
+    "How can I get better at drawing?",
+    "What is a good way to pay off a small debt?",
+    "How do I keep my dog calm during fireworks?",
+    "How can I grow herbs on a windowsill?",
+)
+
 # Exclusive by construction; tests assert it.
 assert not set(TRAIN_PROMPTS) & set(HELDOUT_PROMPTS)
+assert not (set(TRAIN_PROMPTS) | set(HELDOUT_PROMPTS)) & set(VALIDATION_PROMPTS)
 
 # The system prompt the simulated OpenClaw sends (OpenClaw's real one is 22-41 KB; a CPU run keeps
 # it short). Measurement passes use the same one, so train and held-out contexts match.

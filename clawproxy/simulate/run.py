@@ -33,7 +33,12 @@ from clawproxy.simulate.driver import (
 )
 from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
 from clawproxy.simulate.personas import ScriptedPersona, make_persona
-from clawproxy.simulate.prompts import HELDOUT_PROMPTS, SYSTEM_PROMPT, TRAIN_PROMPTS
+from clawproxy.simulate.prompts import (
+    HELDOUT_PROMPTS,
+    SYSTEM_PROMPT,
+    TRAIN_PROMPTS,
+    VALIDATION_PROMPTS,
+)
 from clawproxy.simulate.quality import ON_TOPIC_MIN
 
 log = logging.getLogger("clawproxy.simulate")
@@ -62,6 +67,8 @@ class SimSettings:
     label: str = ""
     llm_persona_url: str | None = None
     llm_persona_model: str = "default"
+    feedback: str | None = None  # feedback bank (YAML); None: the shipped natural bank
+    eval_prompts: str = "heldout"  # 'validation' while tuning; 'heldout' only for the reported curve
     method: str = ""  # informational (the trainer's method), recorded in the curve
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -125,6 +132,51 @@ class StoreView:
         except Exception:  # older schema without the trainer's skipped_samples table
             return False
 
+    def _turn_rows(self, interactions: list[Interaction]) -> list[tuple[Interaction, dict[str, Any]]]:
+        """Each interaction with its recorded main turn (a conversation's closing call has none)."""
+        by_session: dict[str, list[Interaction]] = {}
+        for it in interactions:
+            by_session.setdefault(it.session_id, []).append(it)
+        out = []
+        for sid, its in by_session.items():
+            out += list(zip(sorted(its, key=lambda x: x.turn), self.main_turns(sid), strict=False))
+        return out
+
+    def judge_agreement(self, interactions: list[Interaction]) -> dict[str, int]:
+        """The judge's scores against the simulator's intended verdicts (+1 praised, -1 complained):
+        right, zero (abstained), wrong (opposite sign), unjudged."""
+        out = {"right": 0, "zero": 0, "wrong": 0, "unjudged": 0}
+        for it, row in self._turn_rows(interactions):
+            score = row["score"]
+            key = ("unjudged" if score is None else "zero" if score == 0
+                   else "right" if score == it.intended else "wrong")
+            out[key] += 1
+        return out
+
+    def sample_accounting(self, interactions: list[Interaction]) -> dict[str, int]:
+        """What became of each interaction: trained, or why not (the trainer's skip reason, the
+        recorder's reason for an untrainable turn, not judged yet, judged but not consumed yet)."""
+        out: dict[str, int] = {}
+        for _, row in self._turn_rows(interactions):
+            if self.store.query_one("SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (row["id"],)):
+                key = "trained"
+            elif not row["trainable"]:
+                key = f"not_trainable:{row['reason'] or 'unknown'}"
+            elif row["score"] is None:
+                key = "unjudged"
+            else:
+                skipped = self._skip_reason(row["id"])
+                key = f"skipped:{skipped}" if skipped else "waiting"
+            out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items()))
+
+    def _skip_reason(self, turn_id: int) -> str | None:
+        try:
+            row = self.store.query_one("SELECT reason FROM skipped_samples WHERE turn_id=?", (turn_id,))
+        except Exception:  # older schema without the trainer's skipped_samples table
+            return None
+        return None if row is None else str(row["reason"])
+
     def write_oracle_judgments(self, interactions: list[Interaction], hint: str) -> int:
         """Judge this run's turns from the persona's own check; returns how many were written."""
         by_session: dict[str, list[Interaction]] = {}
@@ -159,7 +211,10 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                    on_interaction: Callable[[Interaction], None] | None = None) -> Curve:
     """Run one persona through the running system; returns the adoption curve."""
     persona: ScriptedPersona = make_persona(s.persona, seed=s.seed, llm_url=s.llm_persona_url,
-                                            llm_model=s.llm_persona_model)
+                                            llm_model=s.llm_persona_model, feedback=s.feedback)
+    eval_pool = {"heldout": HELDOUT_PROMPTS, "validation": VALIDATION_PROMPTS}.get(s.eval_prompts)
+    if eval_pool is None:
+        raise ValueError(f"eval_prompts={s.eval_prompts!r}: use 'heldout' or 'validation'")
     label = s.label or f"{s.method or 'system'}{'-oracle' if s.oracle else ''}"
     curve = Curve(label=label, persona=s.persona, method=s.method or "system", settings=asdict(s))
     view = StoreView(s.data_dir) if s.data_dir else None
@@ -197,7 +252,7 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
 
         async def measure(done: int) -> None:
             await settle()
-            held = list(HELDOUT_PROMPTS)
+            held = list(eval_pool)
             if s.eval_url:
                 comps = await answer_heldout(http, s.eval_url, held, model=s.model,
                                              system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
@@ -207,7 +262,8 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                                              system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
                                              seed=s.seed, via_proxy=True)
             graded = await asyncio.to_thread(score_answers, held, [c.text for c in comps],
-                                             persona.check, s.on_topic_min)
+                                             persona.check, s.on_topic_min,
+                                             [c.finish_reason == "length" for c in comps])
             versions = [c.weight_version for c in comps if c.weight_version is not None]
             score, judged = (None, 0)
             if view:
@@ -237,6 +293,9 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
             if done // s.eval_every > prev // s.eval_every or done == s.interactions:
                 await measure(done)
     if view:
+        if not s.oracle:
+            curve.judge_agreement = await asyncio.to_thread(view.judge_agreement, interactions)
+        curve.samples = await asyncio.to_thread(view.sample_accounting, interactions)
         view.close()
     curve.wall_s = round(time.monotonic() - t0, 1)
     curve.settings["train_met_rate"] = (sum(i.met for i in interactions) / len(interactions)) if interactions else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -15,7 +16,7 @@ from clawproxy.simulate.measure import (
     write_json,
 )
 from clawproxy.simulate.personas import (
-    BROKEN_COMPLAINTS,
+    DEFAULT_FEEDBACK,
     PREFERENCES,
     SIGN_OFF,
     ScriptedPersona,
@@ -24,6 +25,7 @@ from clawproxy.simulate.personas import (
     has_sign_off,
     is_bulleted,
     is_concise,
+    load_feedback,
     make_persona,
 )
 from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
@@ -91,41 +93,77 @@ def test_feedback_is_varied_and_matches_the_verdict(name):
     for r in praise + complaints:
         assert r.message.startswith(r.feedback)
         assert "make tea" in r.message.lower()
-    assert not set(pref.praise) & set(pref.complaints)
+    assert not set(p.words.praise) & set(p.words.complaints)
 
 
-def test_concise_complaint_says_what_to_do():
-    p = make_persona("concise", seed=3)
-    for _ in range(10):
-        r = p.react("q", LONG, None)
-        assert "40 words" in r.feedback and r.message == r.feedback
+def test_the_shipped_complaints_mostly_do_not_state_the_rule():
+    """Real users say "tldr", not the checked rule; a complaint that names the rule is a hint the
+    judge and the trainer would not get from a person."""
+    bank = load_feedback()
+    rules = {"concise": r"\b40\b|\bwords?\b", "bullets": r"bullet", "no_filler": r"filler|pleasantr",
+             "sign_off": r"have a great day"}
+    import re
+
+    for name, fb in bank.personas.items():
+        stated = [c for c in fb.complaints if re.search(rules[name], c, re.IGNORECASE)]
+        assert len(stated) <= len(fb.complaints) // 4, (name, stated)
+
+
+def test_feedback_comes_from_the_file(tmp_path):
+    path = tmp_path / "fb.yaml"
+    path.write_text(
+        "broken: {cut_off: [half an answer], degenerate: [a loop]}\n"
+        "transitions: ['then: {q}']\n"
+        "personas: {concise: {praise: [yay], complaints: ['boo ({n})']}}\n")
+    p = make_persona("concise", seed=0, feedback=path)
+    assert p.react("q", SHORT, "Why?").message == "yay\n\nthen: Why?"
+    assert p.react("q", LONG, None).feedback == f"boo ({len(LONG.split())} words)"
+    assert p.react("q", SHORT, None, "length").feedback == "half an answer"
+
+
+@pytest.mark.parametrize(("text", "fix"), [
+    ("personas: {}", "broken"),
+    ("broken: {cut_off: [a], degenerate: [b]}\ntransitions: [no question]\npersonas: {}", "{q}"),
+    ("broken: {cut_off: [a], degenerate: [b]}\ntransitions: ['{q}']\npersonas: {bullets: {praise: [x], complaints: [y]}}",
+     "no persona 'concise'"),
+    ("broken: [", "not valid YAML"),
+])
+def test_a_bad_feedback_file_is_a_clear_error(tmp_path, text, fix):
+    from clawproxy.errors import ConfigError
+
+    path = tmp_path / "fb.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        make_persona("concise", feedback=path)
+    with pytest.raises(ConfigError, match="--feedback"):
+        make_persona("concise", feedback=tmp_path / "missing.yaml")
+
+
+def test_the_shipped_bank_covers_every_persona():
+    assert set(load_feedback(DEFAULT_FEEDBACK).personas) == set(PREFERENCES)
 
 
 def test_no_filler_complaint_quotes_the_phrase():
     p = make_persona("no_filler", seed=0)
-    texts = [p.react("q", "Certainly! Boil the egg.", None).feedback for _ in range(12)]
+    texts = [p.react("q", "Certainly! Boil the egg.", None).feedback for _ in range(60)]
     assert any('"Certainly"' in t for t in texts)
 
 
 def test_a_cut_off_or_looping_answer_is_complained_about_even_when_the_preference_is_met():
-    """A person does not praise the style of half an answer or of a loop; the judge reads the
-    complaint as one (-1), and the hint says what to do."""
-    from judge.lexical import cues, lexical_score
-
+    """A person does not praise the style of half an answer or of a loop: the intended verdict is -1."""
     p = make_persona("no_filler", seed=2)
+    broken = p.words.broken
     half = "Boil water, then add the pasta and stir it so it does not stick. After ten minutes, drain the"
     loop = "Boil the pasta. " + "and the water and the pasta " * 8
     for answer, finish, problem in ((half, "length", "cut_off"), (loop, "stop", "degenerate")):
         reactions = [p.react("How do I cook pasta?", answer, "How do I make tea?", finish) for _ in range(12)]
         assert all(r.met and r.problem == problem for r in reactions)  # the preference itself is met
-        assert {r.feedback for r in reactions} <= set(BROKEN_COMPLAINTS[problem])
+        assert {r.feedback for r in reactions} <= set(getattr(broken, problem))
         assert len({r.feedback for r in reactions}) >= 3
-        for fb in BROKEN_COMPLAINTS[problem]:
-            assert lexical_score(cues(fb)) == -1, fb
     # whole answers: praise as before; a missed preference: the preference's own complaint wins
     assert p.react("q", "Boil the egg for nine minutes.", None, "stop").problem is None
     r = p.react("q", "Certainly! " + half, None, "length")
-    assert not r.met and r.problem == "cut_off" and r.feedback not in BROKEN_COMPLAINTS["cut_off"]
+    assert not r.met and r.problem == "cut_off" and r.feedback not in broken.cut_off
 
 
 def test_unknown_persona_is_a_clear_error():
@@ -169,6 +207,9 @@ def test_adoption_requires_a_real_answer_and_files_are_written(tmp_path):
     graded = score_answers(prompts, answers, is_concise)
     assert [g.met for g in graded] == [True, False, True, True]
     assert [g.adopted for g in graded] == [True, False, False, False]  # short gibberish is not adoption
+    cut = score_answers(prompts[:1], [SHORT], is_concise, cut_off=[True])[0]
+    assert cut.met and cut.cut_off and not cut.adopted  # half an answer is not a short answer
+    assert make_point(0, [cut], None, 0.0).cut_off_share == 1.0
     point = make_point(12, graded, weight_version=3, elapsed_s=1.0, judge_score_mean=-0.5, judged=4)
     assert point.adoption == 0.25 and point.preference_rate == 0.75
     assert point.degenerate_share == 0.25 and graded[3].similarity < ON_TOPIC_MIN
@@ -181,3 +222,24 @@ def test_adoption_requires_a_real_answer_and_files_are_written(tmp_path):
     assert read_json(j)[0].points[1].answers[0].answer == SHORT
     png = plot_png(tmp_path / "out" / "curve.png", [curve, curve])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_bench_summary_gives_mean_and_spread_over_seeds():
+    from tests.trainer.util import bench_module
+
+    bench = bench_module("personalize")
+    prompts = ["How do I boil an egg?"] * 2
+    curves = []
+    for seed, answers in ((0, [SHORT, SHORT]), (1, [SHORT, ESSAY]), (2, [ESSAY, ESSAY])):
+        points = [make_point(0, score_answers(prompts, [ESSAY, ESSAY], is_concise), 0, 0.0),
+                  make_point(36, score_answers(prompts, answers, is_concise, cut_off=[seed == 1, False]), 1, 0.0)]
+        curves.append(Curve(label=f"combined/full (concise) seed {seed}", persona="concise", method="combined/full",
+                            settings={"seed": seed}, points=points, judge_agreement={"right": 3, "zero": 1},
+                            samples={"trained": 2}))
+    summary = bench.summarize(curves)
+    (row,) = summary["settings"]
+    assert row["setting"] == "combined/full (concise)" and row["seeds"] == [0, 1, 2]
+    at36 = row["adoption"][36]
+    assert at36["n"] == 3 and at36["mean"] == 0.333 and at36["min"] == 0.0 and at36["max"] == 1.0
+    assert at36["sd"] > 0.4 and row["cut_off"][36] == round(1 / 6, 3)  # seed 1: a short answer, cut off, is a miss
+    assert [r["samples"] for r in summary["runs"]] == [{"trained": 2}] * 3

@@ -90,7 +90,9 @@ async def test_driver_talks_like_openclaw(aiohttp_server):
     for a, b in zip(bodies, bodies[1:], strict=False):  # whole history re-sent, growing by 2
         assert b[: len(a)] == a and len(b) == len(a) + 2
     # The reaction to each answer is the next user message (the turn's next state).
-    assert not its[0].met and "40 words" in its[0].feedback
+    assert not its[0].met and its[0].intended == -1
+    assert its[0].feedback in {c.format(n=f"{len(its[0].answer.split())} words", found="that filler")
+                               for c in persona.words.complaints}
     assert bodies[1][-1]["content"].startswith(its[0].feedback)
     assert "make tea" in bodies[1][-1]["content"].lower()
     assert bodies[3][-1]["content"] == its[2].feedback  # closing call carries the last reaction
@@ -154,6 +156,11 @@ async def test_through_the_real_proxy_turns_get_next_states_and_oracle_judgments
         assert {r["voter"] for r in rows} == {"oracle"}
         assert all((r["hint"] is None) == (r["score"] == 1) for r in rows)
         assert view.backlog([sid])["unjudged"] == 0
+        # the oracle writes the simulator's verdicts, so the agreement is total; nothing trained yet
+        assert view.judge_agreement(its) == {"right": 2, "zero": 0, "wrong": 0, "unjudged": 0}
+        view.store.execute("UPDATE judgments SET score=0 WHERE turn_id=?", (turns[0]["id"],))
+        assert view.judge_agreement(its) == {"right": 1, "zero": 1, "wrong": 0, "unjudged": 0}
+        assert view.sample_accounting(its) == {"waiting": 2}
     finally:
         view.close()
 
@@ -204,3 +211,12 @@ def test_simulate_cli_end_to_end_writes_curve(tmp_path):
     assert pts[-1]["degenerate_share"] == 0.0
     assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "adoption" in res.output
+    assert pts[-1]["cut_off_share"] == 0.0
+    assert doc["curves"][0]["settings"]["feedback"] is None
+
+
+def test_simulate_cli_rejects_a_bad_feedback_file(tmp_path):
+    bad = tmp_path / "fb.yaml"
+    bad.write_text("personas: {concise: {praise: [ok]}}\n")
+    res = CliRunner().invoke(simulate_cmd, ["--proxy-url", "http://127.0.0.1:9", "--feedback", str(bad)])
+    assert res.exit_code != 0 and "fb.yaml" in res.output and "default.yaml" in res.output

