@@ -6,7 +6,8 @@ schemas (about 18% above SmolLM2's real token count) and sends ``max_completion_
 min(maxTokens, contextWindow - estimate - 1)``, never below 1. A ``contextWindow`` above the
 server's real limit makes the server answer 400, which OpenClaw takes for a context overflow and
 cannot recover from. So the block carries the server's real context length, and a prompt profile
-whose first request leaves room for a useful answer (docs/openclaw-wire.md has the measurements).
+whose first request leaves room for a useful answer (docs/openclaw-wire.md §1.4 has the
+measurements).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ PROFILES: dict[str, Profile] = {
             "OpenClaw as it ships: every tool behind tool search, skills, workspace files.",
             {},
             {},
-            ((0, 9_100), (16_384, 9_250), (32_768, 10_000), (131_072, 10_800)),
+            ((0, 9_126), (32_768, 10_036), (131_072, 11_210)),
         ),
         Profile(
             "lean",
@@ -65,7 +66,7 @@ PROFILES: dict[str, Profile] = {
                 "plugins": {"slots": {"memory": "none"}},
             },
             {},
-            ((0, 3_450),),
+            ((0, 3_421),),
         ),
         Profile(
             "chat",
@@ -75,7 +76,7 @@ PROFILES: dict[str, Profile] = {
                 "plugins": {"slots": {"memory": "none"}},
             },
             {"supportsTools": False},
-            ((0, 2_500),),
+            ((0, 2_298),),
         ),
     )
 }

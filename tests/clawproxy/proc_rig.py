@@ -7,6 +7,7 @@ bodies shorter than their Content-Length, header bytes that are not UTF-8, arbit
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -18,14 +19,19 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.net import held_port
+
 REPO = Path(__file__).resolve().parents[2]
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+_HELD = contextlib.ExitStack()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port held (bound, never listening) for the rest of the session: no other bind
+    takes it, while our servers (SO_REUSEADDR) can still listen on it."""
+    return _HELD.enter_context(held_port())
 
 
 def _env() -> dict[str, str]:

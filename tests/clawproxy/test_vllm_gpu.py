@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
-from tests.clawproxy.engine_proc import free_port
 from tests.clawproxy.vllm_contract import *  # noqa: F403 (the shared contract tests)
 from tests.clawproxy.vllm_contract import Target
+from tests.net import held_port
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +62,8 @@ def target(default_model_dir, tmp_path_factory):
                                                   task_type="CAUSAL_LM"))
     peft_model.save_pretrained(root / "adapter")
 
-    port = free_port()
+    hold = held_port()  # bound, not listening, until vllm serve takes it (SO_REUSEADDR)
+    port = hold.__enter__()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
     log = open(root / "vllm.log", "wb")
     proc = subprocess.Popen(
@@ -85,6 +86,7 @@ def target(default_model_dir, tmp_path_factory):
                 time.sleep(2)
         yield Target(url, MODEL, "sk-gpu", dirs["base"], dirs["v1"], root / "adapter")
     finally:
+        hold.__exit__(None, None, None)
         proc.terminate()
         try:
             proc.wait(60)
