@@ -117,10 +117,10 @@ class EngineConfig:
     control_token: str | None = _help("Token for control verbs when bound off loopback.", None)
     kind: str = _help("Upstream kind the trainer drives: 'embedded' or 'vllm'.", "embedded")
     prefill_chunk_tokens: int = _help(
-        "Prompt tokens prefilled per engine step. A long prompt is prefilled in chunks of this "
-        "size between decode steps, so streams already running keep producing tokens (vLLM's "
-        "chunked prefill). Smaller: smoother running streams, a slightly slower prefill. "
-        "0: a whole prompt in one step.",
+        "Prompt tokens prefilled per engine step while other requests decode. A long prompt is "
+        "prefilled in chunks of this size between decode steps, so streams already running keep "
+        "producing tokens (vLLM's chunked prefill). Smaller: smoother running streams, a slower "
+        "prefill. 0: a whole prompt in one step, running streams wait for it.",
         256,
     )
     prefix_cache_mb: float = _help(
