@@ -171,9 +171,9 @@ class EngineConfig:
     )
     prefill_chunk_tokens: int = setting(
         256,
-        "Prompt tokens prefilled per engine step. A long prompt is prefilled in chunks of this "
-        "size between decode steps, so streams already running keep producing tokens (vLLM's "
-        "chunked prefill). 0: a whole prompt in one step.",
+        "Prompt tokens prefilled per engine step while other requests decode. A long prompt is "
+        "prefilled in chunks of this size between decode steps, so streams already running keep "
+        "producing tokens (vLLM's chunked prefill). 0: a whole prompt in one step.",
         ge=0,
     )
     prefix_cache_mb: float = setting(

@@ -7,11 +7,12 @@ worker itself (``_run_control``), which is exactly the "freeze between steps" vL
 promises.
 
 Batching (continuous, vLLM-style in spirit): requests that arrive while others decode are
-prefilled on their own (own KV cache) and then joined to the running batch. Prefill is chunked:
-each worker step runs at most ``prefill_chunk_tokens`` prompt tokens, then one decode step of the
-running batch, so a long prompt (OpenClaw's first request is ~3-8k tokens) never freezes the
-streams already decoding; controls (weight swaps, pauses) and cancellations also land between
-chunks. Prompts wait their turn first-come first-served. The batch shares one left-padded
+prefilled on their own (own KV cache) and then joined to the running batch. While rows are
+decoding, prefill is chunked: each worker step runs at most ``prefill_chunk_tokens`` prompt
+tokens, then one decode step of the running batch, so a long prompt (OpenClaw's first request is
+~3-8k tokens) never freezes the streams already decoding; controls (weight swaps, pauses) and
+cancellations also land between chunks. With nothing decoding, a prompt is prefilled in one step.
+Prompts wait their turn first-come first-served. The batch shares one left-padded
 ``DynamicCache``; a 2-D attention mask hides the padding and per-row ``position_ids`` keep RoPE
 positions exact, so every row computes what it would alone (to float rounding). Finished rows are
 sliced out and all-padding columns trimmed.
@@ -374,9 +375,12 @@ class Engine:
                     self._fail_all(f"generation failed: {err}")
 
     def _prefill_step(self) -> None:
-        """Prefill up to ``prefill_chunk_tokens`` prompt tokens (all of them when 0), first come
-        first served; a prompt whose last chunk ran samples its first token and joins the batch."""
-        budget = self.prefill_chunk_tokens or None
+        """Prefill up to ``prefill_chunk_tokens`` prompt tokens while other rows decode (else all
+        of them), first come first served; a prompt whose last chunk ran samples its first token
+        and joins the batch."""
+        # Each chunk re-reads the KV so far (GQA heads are copied out per chunk): 10-30% more CPU
+        # for a 3k prompt, worth paying only when running streams would otherwise stall.
+        budget = (self.prefill_chunk_tokens if self._active else 0) or None
         for req in self._prefilling:  # gone clients free their slot now, not at their turn
             req.finished = req.finished or req.cancelled
         self._prefilling = [r for r in self._prefilling if not r.finished]

@@ -129,7 +129,8 @@ def test_a_running_stream_keeps_decoding_while_a_long_prompt_prefills(tiny, make
 def test_openclaw_turn_two_prefills_only_its_new_tokens(tiny, make_engine, openclaw):
     """Turn 2 re-sends the history, the answer and a new user message; the transient message of
     turn 1 is not replayed. Everything before it comes from the cache, then the rest is
-    prefilled in chunks, and the log-probs still equal a forward pass."""
+    prefilled in chunks (another stream is decoding), and the log-probs still equal a forward
+    pass."""
     model, tokenizer = tiny
     engine = make_engine(prefill_chunk_tokens=16)
     history = [openclaw["system"], openclaw["user"]]
@@ -139,8 +140,14 @@ def test_openclaw_turn_two_prefills_only_its_new_tokens(tiny, make_engine, openc
     turn2_ids = render(tokenizer, [*history, answer, {"role": "user", "content": "And then?"},
                                    openclaw["transient"]], openclaw["tools"])
     shared = len(render(tokenizer, history, openclaw["tools"])) - 3  # minus "<|im_start|>assistant\n"
+    other = Run(engine, render(tokenizer, [{"role": "user", "content": "Hi"}]), max_tokens=500,
+                ignore_eos=True)
+    while not other.events:
+        threading.Event().wait(0.01)
     reused_before = engine.prefix_tokens_reused
     turn2 = Run(engine, turn2_ids, max_tokens=10).wait()
+    assert not other.done.is_set()
+    engine.cancel(other.req)
     reused = engine.prefix_tokens_reused - reused_before
     seen = turn1.req.prompt_ids + turn1.ids[:-1]
     common = next(i for i, (a, b) in enumerate(zip(seen, turn2_ids, strict=False)) if a != b)
