@@ -126,7 +126,9 @@ def test_fuzz_raw_bodies(fuzz_proxy, raw, ctype, enc):
 
 
 @FUZZ
-@given(sid=_header_value, auth=_header_value, name=st.from_regex(rb"\Ax-[a-z0-9-]{1,12}\Z"),
+# x-fake-* steer the fake upstream (hang, delays): they are no client's headers.
+@given(sid=_header_value, auth=_header_value,
+       name=st.from_regex(rb"\Ax-[a-z0-9-]{1,12}\Z").filter(lambda n: not n.startswith(b"x-fake")),
        value=_header_value)
 def test_fuzz_headers(fuzz_proxy, sid, auth, name, value):
     body = chat_body("headers")
