@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +97,23 @@ def overlap_features(inp: JudgeInput) -> np.ndarray:
     ], dtype=np.float32)
 
 
+_PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+def reaction(text: str) -> str:
+    """The part of a reply that reacts to the answer: its first paragraph when a blank line follows
+    it (people react, then ask the next thing: "too long\n\nalso, how do I ...?"), else all of it."""
+    parts = [p for p in _PARAGRAPH.split(text.strip()) if p.strip()]
+    return parts[0].strip() if len(parts) > 1 else text.strip()
+
+
 FEATURE_NAMES = CUE_NAMES + ["cos_request", "cos_response"] + OVERLAP_NAMES  # after the reply embedding
 
 
 def features(inputs: list[JudgeInput]) -> np.ndarray:
     """Feature rows: [reply embedding, lexical cues, cos(reply, request), cos(reply, response), overlap]."""
     n = len(inputs)  # one encoder call for all three texts: one forward pass for a single turn
+    inputs = [replace(i, next_state=reaction(i.next_state)) for i in inputs]
     emb = embed([i.next_state for i in inputs] + [i.request for i in inputs] + [i.response for i in inputs])
     nxt, req, resp = emb[:n], emb[n:2 * n], emb[2 * n:]
     if not inputs:

@@ -112,3 +112,17 @@ def test_worker_with_the_embedding_voter(store, embedding_voter):
     assert rows[good]["score"] == 1 and rows[ok]["score"] == 1
     assert rows[bad]["score"] == -1 and "Lima" in rows[bad]["hint"]
     assert rows[bad]["voter"] == "embedding"
+
+
+def test_a_question_after_the_reaction_does_not_decide_the_verdict(embedding_voter):
+    """People react, then ask the next thing in the same message; the verdict is on the reaction."""
+    from judge.embedding import reaction
+
+    assert reaction("nope, 12 not 21\n\nalso, what's 7 x 8?") == "nope, 12 not 21"
+    assert reaction("ok. what's 7 x 8?") == "ok. what's 7 x 8?"
+    base = dict(request="What's 3 x 4?", response="21.", role="user")
+    for reply in ("nope, it's 12", "wrong again, 12", "great, thanks!"):
+        alone = [embedding_voter.vote(JudgeInput(next_state=reply, **base), i).score for i in range(3)]
+        asked = [embedding_voter.vote(JudgeInput(next_state=f"{reply}\n\nnext: how do I bake bread?", **base), i).score
+                 for i in range(3)]
+        assert alone == asked, reply
