@@ -43,3 +43,9 @@ def test_no_lab_notebook_options():
     product = [p for p in where(r"truncated ==|cfg\.truncated|loss_norm|sequence_weights")
                if p.startswith(("clawproxy/", "judge/", "trainer/"))]
     assert product == []
+
+
+def test_one_definition_of_degenerate():
+    # the recorder, the trainer, the gate and the simulator all ask clawproxy/degenerate.py
+    assert where(r"def (?!test_)\w*degenera\w*\(|def \w*loops?\((text|ids)") == ["clawproxy/degenerate.py"]
+    assert where(r"\[i : i \+ 3\]\) for i in range") == ["clawproxy/degenerate.py"]

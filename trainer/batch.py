@@ -12,7 +12,7 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 - ``empty``              no completion tokens
 - ``truncated``          finish_reason ``length``: a cut-off answer is never trained, whatever the
                          judge said of it (the user reacted to an answer the model did not finish)
-- ``degenerate``         the completion ids repeat themselves (``is_degenerate``, checked here
+- ``degenerate``         the completion ids repeat themselves (``clawproxy.degenerate.ids_loop``, checked here
                          on the ids rather than trusting the proxy's text-level verdict)
 - ``too_long``           prompt + completion longer than ``trainer.max_seq_len``
 - ``teacher_too_long``   the OPD teacher's prompt (prompt + hint) + completion longer than that
@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from clawproxy.degenerate import ids_loop
 from clawproxy.openclaw import is_ctx
 from clawproxy.store import Store
 from trainer.config import TrainerConfig
@@ -62,32 +63,6 @@ class Selection:
     skipped: dict[int, str]  # turn_id -> reason
 
 
-def is_degenerate(ids: list[int], min_len: int = 16) -> bool:
-    """True when a token sequence is stuck in a loop.
-
-    Two checks on the ids: (1) somewhere one short pattern (period 1..32) repeats at least 4 times
-    in a row over at least 24 tokens (``the the the ...``, ``ab ab ab ...``), even if the text
-    escapes the loop at the end; (2) in sequences of 64+ tokens, fewer than 20% of the 3-grams are
-    distinct (a loop with small variations). Normal text, code and lists pass both.
-    """
-    n = len(ids)
-    if n < min_len:
-        return False
-    for period in range(1, 33):
-        if n < 2 * period:
-            break
-        run = 0
-        for i in range(period, n):
-            run = run + 1 if ids[i] == ids[i - period] else 0
-            if run + period >= max(24, 4 * period):
-                return True
-    if n >= 64:
-        grams = {tuple(ids[i : i + 3]) for i in range(n - 2)}
-        if len(grams) / (n - 2) < 0.2:
-            return True
-    return False
-
-
 def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int) -> str | None:
     prompt, completion, logps = row["prompt_token_ids"], row["completion_token_ids"], row["completion_logprobs"]
     if not prompt or completion is None or logps is None or len(logps) != len(completion):
@@ -96,7 +71,7 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
         return "empty"
     if row.get("finish_reason") == "length":
         return "truncated"
-    if is_degenerate(completion):
+    if ids_loop(completion):
         return "degenerate"
     if len(prompt) + len(completion) > cfg.max_seq_len:
         return "too_long"

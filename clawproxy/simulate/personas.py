@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from clawproxy.degenerate import LOOPS, degeneracy, words
 from clawproxy.errors import ConfigError
-from clawproxy.simulate.quality import degeneracy, words
 
 # Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
 FILLER_PATTERNS: tuple[str, ...] = (
@@ -181,7 +181,7 @@ def load_feedback(path: str | Path | None = None) -> FeedbackBank:
 
 
 # degeneracy() reasons that read as broken to a person; a very short answer may be a fine answer.
-_BROKEN = {"empty", "symbols", "repeated_word", "looping", "low_vocabulary"}
+_BROKEN = {"empty", "symbols", *LOOPS}
 
 
 def answer_problem(answer: str, finish_reason: str | None = None) -> str | None:
