@@ -379,6 +379,13 @@ class Store:
             conn.execute("DELETE FROM quarantine")
         return n
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def published_checkpoint(self) -> dict[str, Any] | None:
+        """The newest published checkpoint (version, path, kind), or None: the base model serves."""
+        return self.query_one(
+            "SELECT version, path, kind FROM checkpoints WHERE status='published' ORDER BY version DESC LIMIT 1"
+        )
+
 
 def _split_sql(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]

@@ -176,7 +176,7 @@ def teacher_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
     Rendered exactly as the embedded engine rendered the student's prompt (``render_chat``: tool
     instructions, tool-call history, the request's ``tool_choice`` and ``chat_template_kwargs``),
     so the two prompts differ by the hint alone."""
-    from clawproxy.engine.tools import render_chat
+    from clawproxy.chat_template import render_chat
 
     if not sample.hint or not sample.messages:
         return None

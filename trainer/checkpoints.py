@@ -50,9 +50,7 @@ def checkpoints_root(data_dir: Path) -> Path:
 
 def current_version(store: Store, base_dir: Path) -> Version:
     """What the engine should be serving: the newest published checkpoint, else the base model."""
-    row = store.query_one(
-        "SELECT version, path, kind FROM checkpoints WHERE status='published' ORDER BY version DESC LIMIT 1"
-    )
+    row = store.published_checkpoint()
     if row is None:
         return Version(0, Path(base_dir), "full")
     return Version(int(row["version"]), Path(row["path"]), row["kind"])

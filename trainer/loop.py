@@ -66,10 +66,10 @@ from trainer.losses import (
 from trainer.policy import (
     TEACHER_ADAPTER,
     Teacher,
-    _unwrap,
     load_policy,
     load_tokenizer,
     load_version_into,
+    unwrap,
 )
 
 log = logging.getLogger(__name__)
@@ -389,7 +389,7 @@ class Trainer:
 
         if self.accelerator.distributed_type == DistributedType.FSDP:
             return self.model
-        return _unwrap(self.model)
+        return unwrap(self.model)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -487,7 +487,7 @@ class Trainer:
         return "published", version, step_id
 
     def _save(self, tmp: Path, state_dict: dict[str, Any] | None) -> None:
-        model = _unwrap(self.model)
+        model = unwrap(self.model)
         if self.is_lora:
             model.save_pretrained(str(tmp), selected_adapters=["default"])
             nested = tmp / "default"  # PEFT nests non-default selections; keep the dir flat
@@ -535,7 +535,7 @@ class Trainer:
         from accelerate.utils import DistributedType
 
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
-        load_version_into(_unwrap(self.model), version, self.base_dir, sharded=sharded)
+        load_version_into(unwrap(self.model), version, self.base_dir, sharded=sharded)
         self.optimizer.zero_grad(set_to_none=True)
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         inner.state.clear()
