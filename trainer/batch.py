@@ -25,7 +25,6 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,19 +89,7 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
 
 def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000) -> Selection:
     """Read untrained judged candidates (oldest first) and split them into samples and rejects."""
-    rows = store.query(
-        """
-        SELECT t.id, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs,
-               t.finish_reason, t.weight_version, t.request_messages, t.request_tools, t.request_params,
-               j.score, j.hint
-        FROM turns t JOIN judgments j ON j.turn_id = t.id
-        WHERE t.trainable = 1 AND t.kind = 'main'
-          AND t.id NOT IN (SELECT turn_id FROM trained_samples)
-          AND t.id NOT IN (SELECT turn_id FROM skipped_samples)
-        ORDER BY t.id LIMIT ?
-        """,
-        (limit,),
-    )
+    rows = store.training_candidates(limit)
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:
@@ -129,13 +116,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
 
 def record_skipped(store: Store, skipped: dict[int, str]) -> None:
     """Persist rejects so each is counted once and never re-examined."""
-    now = time.time()
-    with store.transaction() as conn:
-        for turn_id, reason in skipped.items():
-            conn.execute(
-                "INSERT OR IGNORE INTO skipped_samples (turn_id, reason, created_at) VALUES (?, ?, ?)",
-                (turn_id, reason, now),
-            )
+    store.record_skipped(skipped)
 
 
 # -- the OPD teacher's prompt ----------------------------------------------------------------------
