@@ -553,6 +553,30 @@ class Store:
             [*params, limit],
         )
 
+    # -- the simulator's accounting (`clawproxy simulate`) -------------------------------------------
+    def main_turns_scored(self, session_prefix: str) -> list[dict[str, Any]]:
+        """Main turns of the sessions whose id starts with ``session_prefix``, by id: id, turn_index,
+        trainable, reason, next_state and the judge's score (None when not judged)."""
+        return self.query(
+            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, j.score FROM turns t "
+            "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id LIKE ? AND t.kind='main' "
+            "ORDER BY t.id",
+            (session_prefix + "%",),
+        )
+
+    def was_trained(self, turn_id: int) -> bool:
+        return self.query_one("SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (turn_id,)) is not None
+
+    def skip_reason(self, turn_id: int) -> str | None:
+        """Why the trainer skipped this turn, or None."""
+        row = self.query_one("SELECT reason FROM skipped_samples WHERE turn_id=?", (turn_id,))
+        return None if row is None else str(row["reason"])
+
+    def add_judgment(self, turn_id: int, score: int, hint: str | None, voter: str) -> None:
+        """A judgment from outside the judge (the simulator's oracle); a turn already judged keeps its own."""
+        self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
+                                  "created_at": time.time()}, or_ignore=True)
+
 
 def _split_sql(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]

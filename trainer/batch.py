@@ -114,11 +114,6 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
     return Selection(samples=samples, skipped=skipped)
 
 
-def record_skipped(store: Store, skipped: dict[int, str]) -> None:
-    """Persist rejects so each is counted once and never re-examined."""
-    store.record_skipped(skipped)
-
-
 # -- the OPD teacher's prompt ----------------------------------------------------------------------
 
 

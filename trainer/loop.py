@@ -42,7 +42,7 @@ from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import EngineError
 from clawproxy.store import Store
 from trainer import gate
-from trainer.batch import Sample, record_skipped, select_samples, teacher_prompt_ids
+from trainer.batch import Sample, select_samples, teacher_prompt_ids
 from trainer.checkpoints import (
     Version,
     checkpoints_root,
@@ -189,7 +189,7 @@ class Trainer:
                 else:
                     samples.append(s)
             if sel.skipped:
-                record_skipped(self.store, sel.skipped)
+                self.store.record_skipped(sel.skipped)
                 self.skipped_since_last_step.update(sel.skipped.values())
             return samples
 

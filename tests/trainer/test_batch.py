@@ -12,7 +12,6 @@ from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.batch import (
     add_hint,
-    record_skipped,
     select_samples,
     teacher_prompt_ids,
 )
@@ -81,7 +80,7 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
         long: "too_long",
     }
     assert unjudged not in sel.skipped and side not in sel.skipped
-    record_skipped(store, sel.skipped)
+    store.record_skipped(sel.skipped)
     again = select_samples(store, TrainerConfig(max_seq_len=100), 0)
     assert again.skipped == {} and [s.turn_id for s in again.samples] == [good]
     sample = again.samples[0]
