@@ -48,7 +48,7 @@ def test_no_lab_notebook_options():
 def test_one_definition_of_degenerate():
     # the recorder, the trainer, the gate and the simulator all ask clawproxy/degenerate.py
     assert where(r"def (?!test_)\w*degenera\w*\(|def \w*loops?\((text|ids)") == ["clawproxy/degenerate.py"]
-    assert where(r"\[i : i \+ 3\]\) for i in range") == ["clawproxy/degenerate.py"]
+    assert where(r"\[i : i \+ 3\]\) for i in range") == ["clawproxy/degenerate.py"]  # one 3-gram measure
 
 
 # SQL lives in clawproxy/store.py, behind named methods. Files whose SQL is still being moved there

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from clawproxy.degenerate import LOOPS, degeneracy, words
+from clawproxy.degenerate import degeneracy, words
 from clawproxy.errors import ConfigError
 
 # Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
@@ -181,7 +181,7 @@ def load_feedback(path: str | Path | None = None) -> FeedbackBank:
 
 
 # degeneracy() reasons that read as broken to a person; a very short answer may be a fine answer.
-_BROKEN = {"empty", "symbols", *LOOPS}
+_BROKEN = {"empty", "symbols", "repeated_word", "looping", "low_vocabulary"}
 
 
 def answer_problem(answer: str, finish_reason: str | None = None) -> str | None:
