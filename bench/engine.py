@@ -178,7 +178,7 @@ def openclaw_turns(tokenizer, prompt_tokens: int) -> tuple[dict, list[dict], lis
     stays within ``prompt_tokens``."""
     import re
 
-    from clawproxy.engine.tools import render_chat
+    from clawproxy.chat_template import render_chat
 
     first = next(json.loads(line)["body"] for line in FIXTURE.open()
                  if json.loads(line)["label"].startswith("main-turn-1"))

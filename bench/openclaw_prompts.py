@@ -63,11 +63,12 @@ def main() -> None:
     p.add_argument("--profiles", nargs="+", default=["default", "lean", "chat"])
     args = p.parse_args()
 
+    from transformers import AutoTokenizer
+
+    from clawproxy.chat_template import render_chat
     from clawproxy.engine.model import resolve_model
-    from clawproxy.engine.tools import render_chat
     from clawproxy.openclaw_setup import plan, provider_block
     from tests.openclaw_client import ensure_openclaw
-    from transformers import AutoTokenizer
 
     openclaw = ensure_openclaw()
     tok = AutoTokenizer.from_pretrained(resolve_model("default"))

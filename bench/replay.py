@@ -152,10 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from clawproxy.config import load_config
+    from clawproxy.degenerate import degeneracy
     from clawproxy.simulate.measure import score_answers
     from clawproxy.simulate.personas import PREFERENCES
     from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
-    from clawproxy.simulate.quality import degeneracy
     from clawproxy.store import Store
     from trainer.loop import Trainer
 
@@ -200,13 +200,13 @@ def main(argv: list[str] | None = None) -> dict:
         "answers": dict(zip(held + extra, answers, strict=True)),
     }
     if sampled:
-        from trainer.batch import is_degenerate
+        from clawproxy.degenerate import ids_loop
 
         texts = [trainer.tokenizer.decode(c, skip_special_tokens=True) for c, _ in sampled]
         result["sampled"] = {
             "n": len(sampled), "max_tokens": args.sampled_tokens, "temperature": args.temperature,
             "cut_off_share": sum(not ended for _, ended in sampled) / len(sampled),
-            "degenerate_share": sum(is_degenerate(c) for c, _ in sampled) / len(sampled),
+            "degenerate_share": sum(ids_loop(c) for c, _ in sampled) / len(sampled),
             "preference_rate": sum(bool(check(t)) for t in texts) / len(sampled),
             "mean_tokens": sum(len(c) for c, _ in sampled) / len(sampled),
             "answers": texts,

@@ -53,12 +53,11 @@ def _iso(t: float | None) -> str | None:
 
 def _resolve(store: Store, sid: str) -> str:
     """An exact session id, or a unique prefix of one."""
-    if store.query_one("SELECT 1 FROM sessions WHERE id=?", (sid,)):
+    if store.get_session(sid):
         return sid
-    rows = store.query("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 3",
-                       (sid.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",))
+    rows = store.session_ids_starting(sid, limit=3)
     if len(rows) == 1:
-        return rows[0]["id"]
+        return rows[0]
     if not rows:
         raise click.ClickException(f"no session {sid!r}; `clawproxy sessions` lists them.")
     raise click.ClickException(f"{sid!r} matches several sessions; give more of the id.")
@@ -147,7 +146,7 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
     """One session's turns: kind, trainable reason, response and next state."""
     with _open_store(config_path, data_dir) as store:
         sid = _resolve(store, session_id)
-        sess = store.query_one("SELECT * FROM sessions WHERE id=?", (sid,))
+        sess = store.get_session(sid)
         turns = store.session_turns(sid)
     if as_json:
         click.echo(json.dumps({"session": sess, "turns": turns}, indent=2, default=str))
@@ -239,21 +238,14 @@ def export(out_path: str | None, session_id: str | None, config_path: str | None
 
     n = 0
     with _open_store(config_path, data_dir) as store:
-        where, params = "", []
-        if session_id:
-            where, params = "WHERE t.session_id=?", [_resolve(store, session_id)]
+        sid = _resolve(store, session_id) if session_id else None
         # Owner-only, like the store: an export holds every conversation in full.
         out = (os.fdopen(os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
                if out_path else sys.stdout.buffer)
         try:
             last = 0
             while True:  # in pages: a store can hold more turns than we want in memory
-                rows = store.query(
-                    "SELECT t.*, j.score AS judge_score, j.hint AS judge_hint FROM turns t "
-                    "LEFT JOIN judgments j ON j.turn_id = t.id "
-                    + (where + " AND" if where else "WHERE") + " t.id > ? ORDER BY t.id LIMIT 500",
-                    [*params, last],
-                )
+                rows = store.turns_page(sid, last, limit=500)
                 if not rows:
                     break
                 for t in rows:

@@ -379,6 +379,204 @@ class Store:
             conn.execute("DELETE FROM quarantine")
         return n
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def published_checkpoint(self) -> dict[str, Any] | None:
+        """The newest published checkpoint (version, path, kind), or None: the base model serves."""
+        return self.query_one(
+            "SELECT version, path, kind FROM checkpoints WHERE status='published' ORDER BY version DESC LIMIT 1"
+        )
+
+    def checkpoint(self, version: int) -> dict[str, Any] | None:
+        return self.query_one("SELECT version, path, kind, status FROM checkpoints WHERE version=?", (version,))
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Every checkpoint row, oldest first (``gate`` decoded)."""
+        return self.query("SELECT version, kind, status, created_at, step_id, gate FROM checkpoints ORDER BY version")
+
+    def max_checkpoint_version(self) -> int:
+        """The highest version ever recorded (published, refused or deleted), 0 when none."""
+        row = self.query_one("SELECT MAX(version) AS v FROM checkpoints")
+        return int(row["v"] or 0) if row else 0
+
+    def published_checkpoints(self) -> list[dict[str, Any]]:
+        """Published checkpoints (version, path), newest first."""
+        return self.query("SELECT version, path FROM checkpoints WHERE status='published' ORDER BY version DESC")
+
+    def published_before(self, version: int) -> int | None:
+        """The newest published version older than ``version``, or None."""
+        row = self.query_one(
+            "SELECT version FROM checkpoints WHERE status='published' AND version < ? ORDER BY version DESC LIMIT 1",
+            (version,),
+        )
+        return int(row["version"]) if row else None
+
+    def mark_checkpoint_deleted(self, version: int) -> None:
+        self.update("checkpoints", "version", version, {"status": "deleted"})
+
+    def record_rollback(self, new_version: int, path: str, kind: str, *, target: int, from_version: int,
+                        engine: bool) -> None:
+        """One transaction: ``new_version`` serves ``target``'s weights (``path``), and the event."""
+        now = time.time()
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate) "
+                "VALUES (?, ?, ?, ?, NULL, 'published', ?)",
+                (new_version, path, kind, now, dumps({"rollback_of": target})),
+            )
+            conn.execute(
+                "INSERT INTO events (ts, kind, data) VALUES (?, 'rollback', ?)",
+                (now, dumps({"from": from_version, "to": target, "new_version": new_version, "engine": engine})),
+            )
+
+    # -- training --------------------------------------------------------------------------------
+    def training_candidates(self, limit: int) -> list[dict[str, Any]]:
+        """Judged, trainable main turns never trained nor skipped, oldest first, with score and hint."""
+        return self.query(
+            """
+            SELECT t.id, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs,
+                   t.finish_reason, t.weight_version, t.request_messages, t.request_tools, t.request_params,
+                   j.score, j.hint
+            FROM turns t JOIN judgments j ON j.turn_id = t.id
+            WHERE t.trainable = 1 AND t.kind = 'main'
+              AND t.id NOT IN (SELECT turn_id FROM trained_samples)
+              AND t.id NOT IN (SELECT turn_id FROM skipped_samples)
+            ORDER BY t.id LIMIT ?
+            """,
+            (limit,),
+        )
+
+    def record_skipped(self, skipped: dict[int, str]) -> None:
+        """turn id -> reason, in one transaction; a turn already skipped keeps its first reason."""
+        now = time.time()
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO skipped_samples (turn_id, reason, created_at) VALUES (?, ?, ?)",
+                [(turn_id, reason, now) for turn_id, reason in skipped.items()],
+            )
+
+    def record_step(self, *, method: str, base_version: int, new_version: int | None, status: str,
+                    metrics: dict[str, Any], turn_ids: list[int], checkpoint: dict[str, Any] | None = None) -> int:
+        """One transaction: the train step, the turns it consumed and, when ``checkpoint`` (path, kind,
+        gate, engine) is given, the published checkpoint row and its event. Returns the step id."""
+        now = time.time()
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "INSERT INTO train_steps (created_at, method, base_version, new_version, status, metrics) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (now, method, base_version, new_version, status, dumps(metrics)),
+            )
+            step_id = int(cur.lastrowid)
+            conn.executemany(
+                "INSERT OR IGNORE INTO trained_samples (turn_id, step_id) VALUES (?, ?)",
+                [(t, step_id) for t in turn_ids],
+            )
+            if checkpoint is not None:
+                conn.execute(
+                    "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate) "
+                    "VALUES (?, ?, ?, ?, ?, 'published', ?)",
+                    (new_version, checkpoint["path"], checkpoint["kind"], now, step_id, dumps(checkpoint["gate"])),
+                )
+                conn.execute(
+                    "INSERT INTO events (ts, kind, data) VALUES (?, 'publish', ?)",
+                    (now, dumps({"version": new_version, "step_id": step_id, "engine": checkpoint["engine"]})),
+                )
+        return step_id
+
+    def recent_steps(self, limit: int) -> list[dict[str, Any]]:
+        """The last ``limit`` train steps (status, base_version), newest first."""
+        return self.query("SELECT status, base_version FROM train_steps ORDER BY id DESC LIMIT ?", (limit,))
+
+    def recent_trained_scores(self, limit: int) -> list[int]:
+        """Non-zero judge scores of the last ``limit`` trained turns, newest first."""
+        rows = self.query(
+            "SELECT j.score FROM trained_samples ts JOIN judgments j ON j.turn_id = ts.turn_id "
+            "WHERE j.score != 0 ORDER BY ts.step_id DESC, ts.turn_id DESC LIMIT ?",
+            (limit,),
+        )
+        return [int(r["score"]) for r in rows]
+
+    # -- training stats (`clawproxy stats`) --------------------------------------------------------
+    def samples_trained_per_version(self) -> dict[int, int]:
+        """Published version -> turns trained into it."""
+        rows = self.query(
+            "SELECT s.new_version AS v, COUNT(ts.turn_id) AS n FROM train_steps s "
+            "JOIN trained_samples ts ON ts.step_id = s.id WHERE s.status='published' GROUP BY s.new_version"
+        )
+        return {r["v"]: r["n"] for r in rows}
+
+    def served_turns_per_version(self) -> list[dict[str, Any]]:
+        """Per weight version that served main turns: v, n (turns), judged, mean (score)."""
+        return self.query(
+            "SELECT t.weight_version AS v, COUNT(*) AS n, COUNT(j.turn_id) AS judged, AVG(j.score) AS mean "
+            "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY t.weight_version"
+        )
+
+    def steps_per_base_version(self) -> list[dict[str, Any]]:
+        """Train steps counted by the version they started from and their status: v, status, n."""
+        return self.query(
+            "SELECT base_version AS v, status, COUNT(*) AS n FROM train_steps GROUP BY base_version, status"
+        )
+
+    def gate_failed_steps(self) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT id, base_version, created_at, metrics FROM train_steps WHERE status='gate_failed' ORDER BY id"
+        )
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        """Events of one kind (ts, data), oldest first."""
+        return self.query("SELECT ts, data FROM events WHERE kind=? ORDER BY id", (kind,))
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        return {r["reason"]: r["n"] for r in self.query("SELECT reason, COUNT(*) AS n FROM skipped_samples GROUP BY reason")}
+
+    def step_count(self) -> int:
+        return self.query_one("SELECT COUNT(*) AS n FROM train_steps")["n"]
+
+    # -- sessions (`clawproxy sessions`) -----------------------------------------------------------
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        return self.query_one("SELECT * FROM sessions WHERE id=?", (session_id,))
+
+    def session_ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` session ids that start with ``prefix`` (taken literally, not as a pattern)."""
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self.query("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT ?", (pattern, limit))
+        return [r["id"] for r in rows]
+
+    def turns_page(self, session_id: str | None, after_id: int, limit: int) -> list[dict[str, Any]]:
+        """Turns (all sessions, or one) with their judge score and hint, by id after ``after_id``:
+        pages, since a store can hold more turns than fit in memory."""
+        where = "WHERE t.session_id=? AND t.id > ?" if session_id is not None else "WHERE t.id > ?"
+        params = [session_id, after_id] if session_id is not None else [after_id]
+        return self.query(
+            "SELECT t.*, j.score AS judge_score, j.hint AS judge_hint FROM turns t "
+            f"LEFT JOIN judgments j ON j.turn_id = t.id {where} ORDER BY t.id LIMIT ?",
+            [*params, limit],
+        )
+
+    # -- the simulator's accounting (`clawproxy simulate`) -------------------------------------------
+    def main_turns_scored(self, session_prefix: str) -> list[dict[str, Any]]:
+        """Main turns of the sessions whose id starts with ``session_prefix``, by id: id, turn_index,
+        trainable, reason, next_state and the judge's score (None when not judged)."""
+        return self.query(
+            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, j.score FROM turns t "
+            "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id LIKE ? AND t.kind='main' "
+            "ORDER BY t.id",
+            (session_prefix + "%",),
+        )
+
+    def was_trained(self, turn_id: int) -> bool:
+        return self.query_one("SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (turn_id,)) is not None
+
+    def skip_reason(self, turn_id: int) -> str | None:
+        """Why the trainer skipped this turn, or None."""
+        row = self.query_one("SELECT reason FROM skipped_samples WHERE turn_id=?", (turn_id,))
+        return None if row is None else str(row["reason"])
+
+    def add_judgment(self, turn_id: int, score: int, hint: str | None, voter: str) -> None:
+        """A judgment from outside the judge (the simulator's oracle); a turn already judged keeps its own."""
+        self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
+                                  "created_at": time.time()}, or_ignore=True)
+
 
 def _split_sql(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]

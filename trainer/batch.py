@@ -12,7 +12,7 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 - ``empty``              no completion tokens
 - ``truncated``          finish_reason ``length``: a cut-off answer is never trained, whatever the
                          judge said of it (the user reacted to an answer the model did not finish)
-- ``degenerate``         the completion ids repeat themselves (``is_degenerate``, checked here
+- ``degenerate``         the completion ids repeat themselves (``clawproxy.degenerate.ids_loop``, checked here
                          on the ids rather than trusting the proxy's text-level verdict)
 - ``too_long``           prompt + completion longer than ``trainer.max_seq_len``
 - ``teacher_too_long``   the OPD teacher's prompt (prompt + hint) + completion longer than that
@@ -25,10 +25,10 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from clawproxy.degenerate import ids_loop
 from clawproxy.openclaw import is_ctx
 from clawproxy.store import Store
 from trainer.config import TrainerConfig
@@ -62,32 +62,6 @@ class Selection:
     skipped: dict[int, str]  # turn_id -> reason
 
 
-def is_degenerate(ids: list[int], min_len: int = 16) -> bool:
-    """True when a token sequence is stuck in a loop.
-
-    Two checks on the ids: (1) somewhere one short pattern (period 1..32) repeats at least 4 times
-    in a row over at least 24 tokens (``the the the ...``, ``ab ab ab ...``), even if the text
-    escapes the loop at the end; (2) in sequences of 64+ tokens, fewer than 20% of the 3-grams are
-    distinct (a loop with small variations). Normal text, code and lists pass both.
-    """
-    n = len(ids)
-    if n < min_len:
-        return False
-    for period in range(1, 33):
-        if n < 2 * period:
-            break
-        run = 0
-        for i in range(period, n):
-            run = run + 1 if ids[i] == ids[i - period] else 0
-            if run + period >= max(24, 4 * period):
-                return True
-    if n >= 64:
-        grams = {tuple(ids[i : i + 3]) for i in range(n - 2)}
-        if len(grams) / (n - 2) < 0.2:
-            return True
-    return False
-
-
 def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int) -> str | None:
     prompt, completion, logps = row["prompt_token_ids"], row["completion_token_ids"], row["completion_logprobs"]
     if not prompt or completion is None or logps is None or len(logps) != len(completion):
@@ -96,7 +70,7 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
         return "empty"
     if row.get("finish_reason") == "length":
         return "truncated"
-    if is_degenerate(completion):
+    if ids_loop(completion):
         return "degenerate"
     if len(prompt) + len(completion) > cfg.max_seq_len:
         return "too_long"
@@ -115,19 +89,7 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
 
 def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000) -> Selection:
     """Read untrained judged candidates (oldest first) and split them into samples and rejects."""
-    rows = store.query(
-        """
-        SELECT t.id, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs,
-               t.finish_reason, t.weight_version, t.request_messages, t.request_tools, t.request_params,
-               j.score, j.hint
-        FROM turns t JOIN judgments j ON j.turn_id = t.id
-        WHERE t.trainable = 1 AND t.kind = 'main'
-          AND t.id NOT IN (SELECT turn_id FROM trained_samples)
-          AND t.id NOT IN (SELECT turn_id FROM skipped_samples)
-        ORDER BY t.id LIMIT ?
-        """,
-        (limit,),
-    )
+    rows = store.training_candidates(limit)
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:
@@ -150,17 +112,6 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
             )
         )
     return Selection(samples=samples, skipped=skipped)
-
-
-def record_skipped(store: Store, skipped: dict[int, str]) -> None:
-    """Persist rejects so each is counted once and never re-examined."""
-    now = time.time()
-    with store.transaction() as conn:
-        for turn_id, reason in skipped.items():
-            conn.execute(
-                "INSERT OR IGNORE INTO skipped_samples (turn_id, reason, created_at) VALUES (?, ?, ?)",
-                (turn_id, reason, now),
-            )
 
 
 # -- the OPD teacher's prompt ----------------------------------------------------------------------
@@ -201,7 +152,7 @@ def teacher_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
     Rendered exactly as the embedded engine rendered the student's prompt (``render_chat``: tool
     instructions, tool-call history, the request's ``tool_choice`` and ``chat_template_kwargs``),
     so the two prompts differ by the hint alone."""
-    from clawproxy.engine.tools import render_chat
+    from clawproxy.chat_template import render_chat
 
     if not sample.hint or not sample.messages:
         return None

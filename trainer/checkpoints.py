@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any
 from clawproxy.engine.client import TRANSIENT
 from clawproxy.engine.model import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
-from clawproxy.store import Store, dumps
+from clawproxy.store import Store
 
 
 @dataclass
@@ -50,9 +49,7 @@ def checkpoints_root(data_dir: Path) -> Path:
 
 def current_version(store: Store, base_dir: Path) -> Version:
     """What the engine should be serving: the newest published checkpoint, else the base model."""
-    row = store.query_one(
-        "SELECT version, path, kind FROM checkpoints WHERE status='published' ORDER BY version DESC LIMIT 1"
-    )
+    row = store.published_checkpoint()
     if row is None:
         return Version(0, Path(base_dir), "full")
     return Version(int(row["version"]), Path(row["path"]), row["kind"])
@@ -61,7 +58,7 @@ def current_version(store: Store, base_dir: Path) -> Version:
 def version_info(store: Store, version: int, base_dir: Path) -> Version:
     if version == 0:
         return Version(0, Path(base_dir), "full")
-    row = store.query_one("SELECT version, path, kind, status FROM checkpoints WHERE version=?", (version,))
+    row = store.checkpoint(version)
     if row is None:
         raise ConfigError(f"no checkpoint v{version}; `clawproxy stats` lists the versions.")
     path = Path(row["path"])
@@ -74,8 +71,7 @@ def version_info(store: Store, version: int, base_dir: Path) -> Version:
 
 
 def next_version(store: Store) -> int:
-    row = store.query_one("SELECT MAX(version) AS v FROM checkpoints")
-    return int(row["v"] or 0) + 1 if row else 1
+    return store.max_checkpoint_version() + 1
 
 
 def write_atomically(out_dir: Path, save: Any) -> Path:
@@ -99,9 +95,7 @@ def prune(store: Store, keep: int, root: Path) -> list[int]:
     only directories under ``root`` (the trainer's checkpoints) are ever deleted: a rollback to v0
     records the base model's directory, which is the user's model, not ours.
     """
-    rows = store.query(
-        "SELECT version, path FROM checkpoints WHERE status='published' ORDER BY version DESC"
-    )
+    rows = store.published_checkpoints()
     kept, old = rows[:keep], rows[keep:]
     kept_paths = {r["path"] for r in kept}
     root = Path(root).resolve()
@@ -109,7 +103,7 @@ def prune(store: Store, keep: int, root: Path) -> list[int]:
     for r in old:
         if r["path"] not in kept_paths and Path(r["path"]).resolve().parent == root:
             shutil.rmtree(r["path"], ignore_errors=True)
-        store.update("checkpoints", "version", r["version"], {"status": "deleted"})
+        store.mark_checkpoint_deleted(r["version"])
         deleted.append(int(r["version"]))
     return deleted
 
@@ -147,29 +141,15 @@ def rollback(
 def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | None) -> tuple[int, Version]:
     current = current_version(store, base_dir)
     if target is None:
-        row = store.query_one(
-            "SELECT version FROM checkpoints WHERE status='published' AND version < ? "
-            "ORDER BY version DESC LIMIT 1",
-            (current.version,),
-        )
-        target = int(row["version"]) if row else 0
+        target = store.published_before(current.version) or 0
     if target == current.version:
         raise ConfigError(f"v{target} is already the current version.")
     source = version_info(store, target, base_dir)
     new = next_version(store)
     if engine is not None:
         publish(engine, Version(new, source.path, source.kind), current, base_dir)
-    with store.transaction() as conn:
-        conn.execute(
-            "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate) "
-            "VALUES (?, ?, ?, ?, NULL, 'published', ?)",
-            (new, str(source.path), source.kind, time.time(), dumps({"rollback_of": target})),
-        )
-        conn.execute(
-            "INSERT INTO events (ts, kind, data) VALUES (?, 'rollback', ?)",
-            (time.time(), dumps({"from": current.version, "to": target, "new_version": new,
-                                 "engine": engine is not None})),
-        )
+    store.record_rollback(new, str(source.path), source.kind, target=target, from_version=current.version,
+                          engine=engine is not None)
     return new, source
 
 

@@ -151,7 +151,7 @@ def collect_stats(store: Any) -> dict[str, Any]:
     """Per weight version: where it came from, samples trained into it, how the turns it served were
     judged, gate results of the steps that started from it; plus rollbacks and skip reasons."""
     versions: dict[int, dict[str, Any]] = {0: {"version": 0, "source": "base", "status": "base"}}
-    for r in store.query("SELECT version, kind, status, created_at, step_id, gate FROM checkpoints ORDER BY version"):
+    for r in store.checkpoints():
         gate = r["gate"] or {}
         source = f"rollback to v{gate['rollback_of']}" if "rollback_of" in gate else f"step {r['step_id']}"
         versions[r["version"]] = {"version": r["version"], "source": source, "status": r["status"],
@@ -159,39 +159,31 @@ def collect_stats(store: Any) -> dict[str, Any]:
     for v in versions.values():
         v.update(samples_trained=0, served_turns=0, judged_turns=0, mean_score=None,
                  steps_published=0, steps_gate_failed=0, steps_error=0)
-    for r in store.query(
-        "SELECT s.new_version AS v, COUNT(ts.turn_id) AS n FROM train_steps s "
-        "JOIN trained_samples ts ON ts.step_id = s.id WHERE s.status='published' GROUP BY s.new_version"
-    ):
-        if r["v"] in versions:
-            versions[r["v"]]["samples_trained"] = r["n"]
-    for r in store.query(
-        "SELECT t.weight_version AS v, COUNT(*) AS n, COUNT(j.turn_id) AS judged, AVG(j.score) AS mean "
-        "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY t.weight_version"
-    ):
+    for version, n in store.samples_trained_per_version().items():
+        if version in versions:
+            versions[version]["samples_trained"] = n
+    for r in store.served_turns_per_version():
         v = versions.setdefault(r["v"] or 0, {"version": r["v"] or 0, "source": "?", "status": "unknown",
                                               "samples_trained": 0, "steps_published": 0,
                                               "steps_gate_failed": 0, "steps_error": 0})
         v.update(served_turns=r["n"], judged_turns=r["judged"],
                  mean_score=round(r["mean"], 3) if r["mean"] is not None else None)
-    for r in store.query("SELECT base_version AS v, status, COUNT(*) AS n FROM train_steps GROUP BY base_version, status"):
+    for r in store.steps_per_base_version():
         if r["v"] in versions and f"steps_{r['status']}" in versions[r["v"]]:
             versions[r["v"]][f"steps_{r['status']}"] = r["n"]
     gate_failures = [
         {"step_id": r["id"], "base_version": r["base_version"], "created_at": r["created_at"],
          "failed": (r["metrics"] or {}).get("gate", {}).get("failed", [])}
-        for r in store.query("SELECT id, base_version, created_at, metrics FROM train_steps WHERE status='gate_failed' ORDER BY id")
+        for r in store.gate_failed_steps()
     ]
-    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in store.query("SELECT ts, data FROM events WHERE kind='rollback' ORDER BY id")]
-    skipped = {r["reason"]: r["n"] for r in store.query("SELECT reason, COUNT(*) AS n FROM skipped_samples GROUP BY reason")}
-    current = store.query_one("SELECT MAX(version) AS v FROM checkpoints WHERE status='published'")
+    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in store.events_of("rollback")]
     return {
-        "current_version": int(current["v"]) if current and current["v"] is not None else 0,
+        "current_version": store.latest_weight_version(),
         "versions": [versions[k] for k in sorted(versions)],
         "gate_failures": gate_failures,
         "rollbacks": rollbacks,
-        "skipped_by_reason": skipped,
-        "steps": store.query_one("SELECT COUNT(*) AS n FROM train_steps")["n"],
+        "skipped_by_reason": store.skipped_by_reason(),
+        "steps": store.step_count(),
     }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch import is_degenerate
+from clawproxy.degenerate import output_degenerate
 from trainer.config import TrainerConfig
 
 
@@ -54,23 +54,6 @@ def canary_prompt_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
             ids = ids["input_ids"]
         out.append([int(t) for t in ids])
     return out
-
-
-def _degenerate_output(ids: list[int], eos_ids: set[int], tokenizer: Any = None) -> bool:
-    text_ids = [t for t in ids if t not in eos_ids]
-    if not text_ids:
-        return True  # answered nothing
-    if len(text_ids) >= 12 and len(set(text_ids)) <= max(2, len(text_ids) // 6):
-        return True  # a handful of tokens over and over
-    if is_degenerate(text_ids, min_len=12):
-        return True
-    if tokenizer is None:
-        return False
-    from clawproxy.proxy.sessions import is_degenerate as text_loops
-
-    # a sentence looped with small variations, which exact-id repeats miss: the proxy's own
-    # definition of a degenerate turn (too few distinct word 3-grams)
-    return text_loops(tokenizer.decode(text_ids, skip_special_tokens=True))
 
 
 @torch.no_grad()
@@ -116,7 +99,8 @@ def canary_reference(
                     break
             outputs.append(gen_ids)
             logprobs.append(_continuation_logprobs(model, prompt, gen_ids, device))
-            degenerate.append(_degenerate_output(gen_ids, eos, tokenizer))
+            degenerate.append(output_degenerate(
+                gen_ids, eos, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)))
     finally:
         model.train(was_training)
     return CanaryReference(version, prompts, outputs, logprobs, degenerate)

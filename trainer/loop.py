@@ -40,9 +40,9 @@ import torch
 from clawproxy.config import Config
 from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import EngineError
-from clawproxy.store import Store, dumps
+from clawproxy.store import Store
 from trainer import gate
-from trainer.batch import Sample, record_skipped, select_samples, teacher_prompt_ids
+from trainer.batch import Sample, select_samples, teacher_prompt_ids
 from trainer.checkpoints import (
     Version,
     checkpoints_root,
@@ -66,10 +66,10 @@ from trainer.losses import (
 from trainer.policy import (
     TEACHER_ADAPTER,
     Teacher,
-    _unwrap,
     load_policy,
     load_tokenizer,
     load_version_into,
+    unwrap,
 )
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class Trainer:
                 else:
                     samples.append(s)
             if sel.skipped:
-                record_skipped(self.store, sel.skipped)
+                self.store.record_skipped(sel.skipped)
                 self.skipped_since_last_step.update(sel.skipped.values())
             return samples
 
@@ -245,7 +245,7 @@ class Trainer:
         lr, factor = self.tcfg.learning_rate, self.tcfg.refusal_backoff
         if factor >= 1:
             return lr
-        rows = self.store.query("SELECT status, base_version FROM train_steps ORDER BY id DESC LIMIT 16")
+        rows = self.store.recent_steps(16)
         refused = 0
         for r in rows:
             if r["status"] != "gate_failed" or r["base_version"] != self.current.version:
@@ -262,12 +262,7 @@ class Trainer:
         window = self.tcfg.baseline_window
         if window <= 0:
             return {s.turn_id: 0.0 for s in samples}
-        rows = self.store.query(
-            "SELECT j.score FROM trained_samples ts JOIN judgments j ON j.turn_id = ts.turn_id "
-            "WHERE j.score != 0 ORDER BY ts.step_id DESC, ts.turn_id DESC LIMIT ?",
-            (window,),
-        )
-        pool = [int(r["score"]) for r in rows] + [s.score for s in samples if s.score != 0]
+        pool = self.store.recent_trained_scores(window) + [s.score for s in samples if s.score != 0]
         total, n = sum(pool), len(pool)
         out = {}
         for s in samples:
@@ -389,7 +384,7 @@ class Trainer:
 
         if self.accelerator.distributed_type == DistributedType.FSDP:
             return self.model
-        return _unwrap(self.model)
+        return unwrap(self.model)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -487,7 +482,7 @@ class Trainer:
         return "published", version, step_id
 
     def _save(self, tmp: Path, state_dict: dict[str, Any] | None) -> None:
-        model = _unwrap(self.model)
+        model = unwrap(self.model)
         if self.is_lora:
             model.save_pretrained(str(tmp), selected_adapters=["default"])
             nested = tmp / "default"  # PEFT nests non-default selections; keep the dir flat
@@ -506,36 +501,20 @@ class Trainer:
     def _record(self, samples: list[Sample], m: dict[str, Any], status: str, version: int | None,
                 out_dir: Path | None = None) -> int:
         """One transaction: the step, the samples it consumed, and (published) the checkpoint row."""
-        now = time.time()
-        with self.store.transaction() as conn:
-            cur = conn.execute(
-                "INSERT INTO train_steps (created_at, method, base_version, new_version, status, metrics) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (now, self.tcfg.method, self.current.version, version, status, dumps(_jsonable(m))),
-            )
-            step_id = int(cur.lastrowid)
-            conn.executemany(
-                "INSERT OR IGNORE INTO trained_samples (turn_id, step_id) VALUES (?, ?)",
-                [(s.turn_id, step_id) for s in samples],
-            )
-            if status == "published" and version is not None:
-                conn.execute(
-                    "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate) "
-                    "VALUES (?, ?, ?, ?, ?, 'published', ?)",
-                    (version, str(out_dir), "lora" if self.is_lora else "full", now, step_id, dumps(_jsonable(m["gate"]))),
-                )
-                conn.execute(
-                    "INSERT INTO events (ts, kind, data) VALUES (?, 'publish', ?)",
-                    (now, dumps({"version": version, "step_id": step_id, "engine": self.engine is not None})),
-                )
-        return step_id
+        published = status == "published" and version is not None
+        return self.store.record_step(
+            method=self.tcfg.method, base_version=self.current.version, new_version=version, status=status,
+            metrics=_jsonable(m), turn_ids=[s.turn_id for s in samples],
+            checkpoint={"path": str(out_dir), "kind": "lora" if self.is_lora else "full",
+                        "gate": _jsonable(m["gate"]), "engine": self.engine is not None} if published else None,
+        )
 
     def _restore(self, version: Version) -> None:
         """Put ``version``'s weights back into the policy and forget the optimizer's moments."""
         from accelerate.utils import DistributedType
 
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
-        load_version_into(_unwrap(self.model), version, self.base_dir, sharded=sharded)
+        load_version_into(unwrap(self.model), version, self.base_dir, sharded=sharded)
         self.optimizer.zero_grad(set_to_none=True)
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         inner.state.clear()

@@ -193,7 +193,7 @@ class Teacher:
         if self.kind == "current":
             yield policy
         elif self.is_lora:
-            with use_adapter(_unwrap(policy), None if self.kind == "base" else TEACHER_ADAPTER):
+            with use_adapter(unwrap(policy), None if self.kind == "base" else TEACHER_ADAPTER):
                 yield policy
         else:
             assert self._copy is not None
@@ -205,7 +205,7 @@ class Teacher:
         from trl.trainer.utils import use_adapter
 
         if self.is_lora:
-            with use_adapter(_unwrap(policy), None):
+            with use_adapter(unwrap(policy), None):
                 yield policy
         else:
             assert self._base_copy is not None
@@ -221,10 +221,10 @@ class Teacher:
         else:
             from trl.trainer.callbacks import SyncRefModelCallback
 
-            SyncRefModelCallback.sync_target_model(_unwrap(policy), self._copy, self.rate)
+            SyncRefModelCallback.sync_target_model(unwrap(policy), self._copy, self.rate)
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module under DDP/FSDP wrappers (accelerate's ``unwrap_model`` without the Accelerator)."""
     from accelerate.utils import extract_model_from_parallel
 

@@ -45,8 +45,9 @@ from typing import Any
 
 from aiohttp import web
 
+from clawproxy.chat_template import render_chat
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
-from clawproxy.engine.tools import ToolCallStreamParser, render_chat
+from clawproxy.engine.tools import ToolCallStreamParser
 from clawproxy.errors import EngineError, openai_error_body
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -82,12 +81,11 @@ class ModelRouter:
     def refresh(self) -> None:
         """Read the newest published version from the store (a thread: SQLite blocks)."""
         from clawproxy.store import Store
-        from trainer.checkpoints import current_version
 
         if self._store is None:
             self._store = Store(self.cfg.db_path)
-        current = current_version(self._store, Path(self.cfg.engine.model))
-        self.adapter_path = str(current.path) if current.lora and current.version > 0 else None
+        row = self._store.published_checkpoint()
+        self.adapter_path = row["path"] if row is not None and row["kind"] == "lora" else None
 
     async def _poll(self) -> None:
         while True:

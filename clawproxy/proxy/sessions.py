@@ -1,7 +1,7 @@
 """Session identity, turn classification and next-state linking (see shared/openclaw/WIRE.md §2).
 
 All of this runs in the recorder's single worker thread, so the tracker's in-memory state needs no
-locks. Pure functions (``identify``, ``classify``, ``is_degenerate``, ``next_state_after``) are
+locks. Pure functions (``identify``, ``classify``, ``next_state_after``) are
 kept separate from ``SessionTracker``, which owns state and writes to the store.
 
 What OpenClaw does that matching must tolerate: every call ends with a transient
@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from clawproxy.degenerate import is_degenerate
 from clawproxy.openclaw import is_ctx, message_text, strip_ctx
 from clawproxy.store import Store
 
@@ -195,21 +196,6 @@ def is_heartbeat_prompt(text: str) -> bool:
     """OpenClaw's heartbeat poll (WIRE.md §2.7), not something the user said."""
     t = text.lstrip()
     return t.startswith("Follow the heartbeat monitor") or "[OpenClaw heartbeat poll]" in t
-
-
-def is_degenerate(text: str) -> bool:
-    """Heavy repetition: a looping generation that would blow up gradient norms if trained on."""
-    words = text.split()
-    if len(words) >= 40:
-        grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
-        if len(set(grams)) / len(grams) < 0.3:
-            return True
-    stripped = _WS_RE.sub("", text)
-    if len(stripped) >= 200:
-        windows = {stripped[i : i + 8] for i in range(0, len(stripped) - 8, 4)}
-        if len(windows) / ((len(stripped) - 8) // 4 + 1) < 0.1:
-            return True
-    return False
 
 
 def trainability(rec: dict[str, Any], kind: str) -> str:

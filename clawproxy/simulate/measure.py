@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clawproxy.simulate.quality import ON_TOPIC_MIN, assess, words
+from clawproxy.degenerate import words
+from clawproxy.simulate.quality import ON_TOPIC_MIN, assess
 
 
 @dataclass

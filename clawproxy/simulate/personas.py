@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from clawproxy.degenerate import degeneracy, words
 from clawproxy.errors import ConfigError
-from clawproxy.simulate.quality import degeneracy, words
 
 # Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
 FILLER_PATTERNS: tuple[str, ...] = (

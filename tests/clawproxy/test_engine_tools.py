@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from clawproxy.engine.tools import ToolCallStreamParser, normalize_messages, split_tool_calls
+from clawproxy.chat_template import normalize_messages
+from clawproxy.engine.tools import ToolCallStreamParser, split_tool_calls
 from tests.clawproxy.engine_proc import chat, engine_process, stream_chat
 
 SCRIPT = 'Sure.<tool_call>{"name":"ls","arguments":{}}'

@@ -9,10 +9,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from clawproxy.degenerate import is_degenerate
 from clawproxy.proxy.sessions import (
     classify,
     identify,
-    is_degenerate,
     next_state_after,
     prefix_hashes,
     split_compaction,
@@ -110,6 +110,10 @@ def test_degenerate():
     assert is_degenerate("ha" * 300)
     assert not is_degenerate("A normal answer that explains how the proxy records turns and why "
                              "next states matter for training, with enough distinct words to count.")
+    assert not is_degenerate("zeros = [0, 0, 0, 0, 0, 0, 0, 0]  # a buffer of eight")  # data, not a loop
+    # long real texts (prose, code, tables) are not loops
+    for path in ("README.md", "clawproxy/store.py", "docs/openclaw-wire.md"):
+        assert not is_degenerate((Path(__file__).resolve().parents[2] / path).read_text()), path
 
 
 async def test_replay_samples_through_proxy(rig, samples):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from clawproxy.degenerate import degeneracy
 from clawproxy.simulate.measure import (
     Curve,
     make_point,
@@ -29,7 +30,7 @@ from clawproxy.simulate.personas import (
     make_persona,
 )
 from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
-from clawproxy.simulate.quality import ON_TOPIC_MIN, Embedder, degeneracy
+from clawproxy.simulate.quality import ON_TOPIC_MIN, Embedder
 
 LONG = " ".join(["Boiling an egg takes a few careful steps and some patience."] * 6)
 SHORT = "Put the egg in boiling water for nine minutes, then cool it in cold water."

@@ -6,13 +6,12 @@ import random
 
 import pytest
 
+from clawproxy.degenerate import ids_loop, output_degenerate
 from clawproxy.openclaw import CTX_MARKER
 from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.batch import (
     add_hint,
-    is_degenerate,
-    record_skipped,
     select_samples,
     teacher_prompt_ids,
 )
@@ -81,7 +80,7 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
         long: "too_long",
     }
     assert unjudged not in sel.skipped and side not in sel.skipped
-    record_skipped(store, sel.skipped)
+    store.record_skipped(sel.skipped)
     again = select_samples(store, TrainerConfig(max_seq_len=100), 0)
     assert again.skipped == {} and [s.turn_id for s in again.samples] == [good]
     sample = again.samples[0]
@@ -115,11 +114,11 @@ def test_repetition_detector(default_model_dir):
         "followed them out past the breakwater, where the water turned from green to a deep blue."
     )
     code = tok.encode("for i in range(10):\n    print(i)\n" + "x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
-    assert not is_degenerate(prose)
-    assert not is_degenerate(code)
-    assert is_degenerate(tok.encode("Sure! " + "I can help. " * 12))
-    assert is_degenerate(tok.encode("the " * 30))
-    assert not is_degenerate([1, 1, 1])  # too short to judge
+    assert not ids_loop(prose)
+    assert not ids_loop(code)
+    assert ids_loop(tok.encode("Sure! " + "I can help. " * 12))
+    assert ids_loop(tok.encode("the " * 30))
+    assert not ids_loop([1, 1, 1])  # too short to judge
 
 
 def test_hint_goes_to_last_real_user_message_not_openclaw_context():
@@ -206,7 +205,6 @@ def test_gate_sees_a_sentence_looped_with_variations(default_model_dir):
     is the proxy's definition of a degenerate turn), and passes ordinary prose."""
     from transformers import AutoTokenizer
 
-    from trainer.gate import _degenerate_output
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     loop = "To play the guitar, you need to practice regularly. " + " ".join(
@@ -215,5 +213,5 @@ def test_gate_sees_a_sentence_looped_with_variations(default_model_dir):
              "book a place to stay early, and list two or three things you want to see. Pack light, "
              "leave room for rest, and keep a small budget for meals and surprises along the way.")
     ids = tok(loop, add_special_tokens=False)["input_ids"]
-    assert _degenerate_output(ids, set(), tok)
-    assert not _degenerate_output(tok(prose, add_special_tokens=False)["input_ids"], set(), tok)
+    assert output_degenerate(ids, set(), tok.decode)
+    assert not output_degenerate(tok(prose, add_special_tokens=False)["input_ids"], set(), tok.decode)

@@ -7,9 +7,9 @@ import json
 
 import yaml
 
+from clawproxy.degenerate import degeneracy
 from clawproxy.simulate.personas import PREFERENCES
 from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
-from clawproxy.simulate.quality import degeneracy
 from clawproxy.store import Store
 from tests.trainer.test_loop import _add
 from tests.trainer.util import bench_module

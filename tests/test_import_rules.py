@@ -1,0 +1,86 @@
+"""The import rules that keep the folders the architecture (read from the source with ast, nothing imported).
+
+- judge/ and trainer/ reach into clawproxy/ only through the shared edges listed in ``SHARED``.
+- clawproxy/ (the proxy, the engine, the simulator) never imports judge/ or trainer/; only the
+  wiring modules (``WIRING``: the config, the CLI, the supervisor) put them together.
+- No module imports another module's private (``_name``) attribute.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SHARED = {
+    "clawproxy.store",  # the store is the interface
+    "clawproxy.errors",
+    "clawproxy.openclaw",  # OpenClaw's wire rules
+    "clawproxy.engine.client",  # EngineClient, for our engine and vLLM alike
+    "clawproxy.config", "clawproxy.fields", "clawproxy.cli_options",  # config types and CLI options
+    "clawproxy.degenerate",  # what a looping generation is
+    "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)
+    "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
+}
+WIRING = {"clawproxy/config.py", "clawproxy/cli.py", "clawproxy/supervisor.py"}  # where the parts are wired
+
+
+def imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) for every import in ``path``, at any depth (lazy imports count)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+    return out
+
+
+def breaches(folders: tuple[str, ...], allowed: Callable[[str, str, list[str]], bool]) -> list[str]:
+    return [
+        f"{p.relative_to(ROOT)}:{line}: {module} {names or ''}".rstrip()
+        for folder in folders
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        for line, module, names in imports(p)
+        if not allowed(str(p.relative_to(ROOT)), module, names)
+    ]
+
+
+def test_judge_and_trainer_use_only_the_shared_edges_of_clawproxy():
+    def allowed(_path: str, module: str, names: list[str]) -> bool:
+        if module != "clawproxy" and not module.startswith("clawproxy."):
+            return True
+        return module in SHARED or (module == "clawproxy" and not names)
+
+    assert breaches(("judge", "trainer"), allowed) == []
+
+
+def test_clawproxy_never_imports_judge_or_trainer():
+    def allowed(path: str, module: str, _names: list[str]) -> bool:
+        return path in WIRING or module.split(".")[0] not in ("judge", "trainer")
+
+    assert breaches(("clawproxy",), allowed) == []
+
+
+def test_no_private_names_across_modules():
+    def allowed(_path: str, module: str, names: list[str]) -> bool:
+        own = module.split(".")[0] in ("clawproxy", "judge", "trainer")
+        return not own or not any(n.startswith("_") and not n.startswith("__") for n in names)
+
+    assert breaches(("clawproxy", "judge", "trainer"), allowed) == []
+
+
+def test_the_rules_see_a_breach(tmp_path, monkeypatch):
+    # the checks above must be able to fail: a planted breach is reported with its line
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "x.py").write_text(
+        "def f():\n    from clawproxy.proxy.sessions import classify\n    from trainer.policy import _unwrap\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    with pytest.raises(AssertionError, match=r"trainer/x.py:2: clawproxy.proxy.sessions"):
+        test_judge_and_trainer_use_only_the_shared_edges_of_clawproxy()
+    with pytest.raises(AssertionError, match=r"trainer/x.py:3: trainer.policy \['_unwrap'\]"):
+        test_no_private_names_across_modules()
