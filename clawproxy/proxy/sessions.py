@@ -464,8 +464,7 @@ class SessionTracker:
             values.update(trainable=1, reason="ok")
         elif p.reason == "truncated":
             # Judged like any answer: the user reacted to what was cut off (the judge scores and
-            # `sessions` shows it). The trainer never reinforces one; whether it learns from a -1
-            # is trainer.truncated (default: it does not).
+            # `sessions` shows it); the trainer skips it with the reason "truncated".
             values.update(trainable=1)
         store.update("turns", "id", p.turn_id, values)
 
