@@ -241,17 +241,10 @@ class EngineClient:
         if self.kind == "embedded":
             body = self._request("GET", "/weight_info")
             return int(body["weight_version"])
-        if self._has_weight_info is not False:
-            try:
-                body = self._request("GET", "/weight_info")
-            except EngineError as e:
-                if e.status != 404:
-                    raise
-                self._has_weight_info = False
-            else:
-                self._has_weight_info = True
-                raw = str((body or {}).get("weight_version"))
-                return int(raw) if raw.isdigit() else 0
+        body = self._weight_route("GET", "/weight_info")
+        if self._has_weight_info:
+            raw = str((body or {}).get("weight_version"))
+            return int(raw) if raw.isdigit() else 0
         return self._version
 
     def served_adapters(self) -> dict[str, str]:
@@ -319,16 +312,22 @@ class EngineClient:
 
     def _set_vllm_version(self, version: int) -> None:
         """Tell a vLLM that has ``/update_weight_version`` which version it serves now."""
+        self._weight_route("POST", "/update_weight_version", {"new_version": str(version)})
+
+    def _weight_route(self, method: str, path: str, body: Any = None) -> Any:
+        """A vLLM weight-version route (0.33 has them): its answer, or None, and never asked
+        again, where this server answers 404."""
         if self._has_weight_info is False:
-            return
+            return None
         try:
-            self._request("POST", "/update_weight_version", {"new_version": str(version)})
+            out = self._request(method, path, body)
         except EngineError as e:
             if e.status != 404:
                 raise
             self._has_weight_info = False
-        else:
-            self._has_weight_info = True
+            return None
+        self._has_weight_info = True
+        return out
 
 
 def _version_tuple(text: str) -> tuple[int, ...] | None:
