@@ -37,7 +37,7 @@ def serve_fake() -> tuple[str, object]:
 
     from aiohttp import web
 
-    from tests.clawproxy.fake_upstream import FakeUpstream
+    from tests.rig.fake_upstream import FakeUpstream
 
     fake = FakeUpstream()
     with socket.socket() as s:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/proxy_overhead.py [--rounds 3] [--body-kb 8]
 
-The fake upstream (tests/clawproxy/fake_upstream.py) and the proxy (``python -m clawproxy.proxy``,
+The fake upstream (tests/rig/fake_upstream.py) and the proxy (``python -m clawproxy.proxy``,
 recording on, token fields requested and stripped) each run in their own process; this process is
 the client. Each scenario alternates direct and proxied runs; figures are medians over rounds.
 
@@ -144,7 +144,7 @@ async def _drain(s: aiohttp.ClientSession, proxy: str) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     load0 = Path("/proc/loadavg").read_text().split()[0]
     py = sys.executable
-    up_proc, up_port = _start([py, "-m", "tests.clawproxy.fake_upstream", "--port", "0"], "PORT")
+    up_proc, up_port = _start([py, "-m", "tests.rig.fake_upstream", "--port", "0"], "PORT")
     upstream = f"http://127.0.0.1:{up_port}"
     pport = reserve_port()
     data_dir = tempfile.mkdtemp(prefix="clawproxy-bench-")

@@ -3,14 +3,14 @@
     .venv/bin/python bench/reliability.py [--trials 50] [--fuzz 2000] [--clients 64 --requests 20]
                                           [--components] [--only sigkill,load,fuzz,faults]
 
-Everything runs as real processes on loopback: the fake upstream (tests/clawproxy/fake_upstream.py)
+Everything runs as real processes on loopback: the fake upstream (tests/rig/fake_upstream.py)
 and ``python -m clawproxy.proxy``; this process is the client.
 
 - sigkill: each trial starts the proxy, runs 4 slow streams in the background and one probe, and
   SIGKILLs the proxy 0-20 ms after the probe's [DONE]. After all trials the proxy starts once more
   (replaying its journal); every stream whose client saw [DONE] must be in the store, once.
 - load: clients x requests streamed turns through one proxy; all must be stored; proxy RSS.
-- fuzz: the hypothesis fuzz of tests/clawproxy/test_reliability_proc.py (bodies, raw bodies,
+- fuzz: the hypothesis fuzz of tests/proxy/test_reliability_proc.py (bodies, raw bodies,
   headers, paths, upstream streams), N cases in all: proxy-originated 5xx, hangs, and whether
   every chat request the proxy took is in the store or quarantined.
 - faults: the reliability and durability tests (upstream cut/garbage/down, full disk, bad
@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.clawproxy.proc_rig import (  # noqa: E402
+from tests.rig.proc_rig import (  # noqa: E402
     FakeProc,
     ProxyProc,
     chat_body,
@@ -146,7 +146,7 @@ def load(fake: FakeProc, clients: int, requests: int, work: Path) -> dict:
 def fuzz(fake: FakeProc, cases: int, work: Path) -> dict:
     per_test = max(1, cases // 5)
     os.environ["CLAWPROXY_FUZZ_EXAMPLES"] = str(per_test)
-    import tests.clawproxy.test_reliability_proc as F
+    import tests.proxy.test_reliability_proc as F
 
     counts = {"cases": 0, "proxy_5xx": 0, "no_answer": 0, "failures": []}
     orig = F._check
@@ -188,15 +188,15 @@ def fuzz(fake: FakeProc, cases: int, work: Path) -> dict:
             "quarantine_reasons": sorted(set(reasons))}
 
 
-FAULT_TESTS = ["tests/clawproxy/test_reliability.py", "tests/clawproxy/test_durability.py",
-               "tests/clawproxy/test_errors.py"]
+FAULT_TESTS = ["tests/proxy/test_reliability.py", "tests/proxy/test_durability.py",
+               "tests/proxy/test_errors.py"]
 COMPONENT_TESTS = [
     "tests/judge/test_llm_voter.py::test_unreachable_endpoint_raises_so_the_turn_is_retried",
     "tests/judge/test_worker.py::test_killed_worker_resumes_without_loss_or_double_count",
     "tests/trainer/test_loop.py::test_steps_publish_checkpoints_and_restart_trains_nothing_twice",
     "tests/trainer/test_loop.py::test_a_full_disk_keeps_the_samples_and_the_served_weights",
     "tests/clawproxy/test_supervisor.py::test_engine_crash_gives_503_then_recovers",
-    "tests/clawproxy/test_engine_reload.py::test_bad_checkpoint_is_refused_and_old_weights_keep_serving",
+    "tests/engine/test_engine_reload.py::test_bad_checkpoint_is_refused_and_old_weights_keep_serving",
 ]
 
 

@@ -174,7 +174,7 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
     from clawproxy.engine.client import EngineClient
     from clawproxy.engine.model import resolve_model
     from clawproxy.store import Store
-    from tests.clawproxy.engine_proc import engine_process
+    from tests.rig.engine_proc import engine_process
     from trainer.batch import select_samples
     from trainer.loop import Trainer
 

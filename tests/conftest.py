@@ -53,3 +53,6 @@ def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+from tests.rig.proxy_rig import make_rig, rig  # noqa: E402,F401 (the proxy rig, for every test folder)

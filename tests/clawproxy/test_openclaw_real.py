@@ -65,7 +65,7 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def fake_upstream(tmp_path):
     port = free_port()
-    proc = _spawn(["-m", "tests.clawproxy.fake_upstream", "--port", str(port)], tmp_path / "fake.log")
+    proc = _spawn(["-m", "tests.rig.fake_upstream", "--port", str(port)], tmp_path / "fake.log")
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=30)
         yield f"http://127.0.0.1:{port}"

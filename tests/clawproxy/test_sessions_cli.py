@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from clawproxy.cli import main
-from tests.clawproxy.test_proxy_forwarding import CTX_MSG
+from tests.proxy.test_proxy_forwarding import CTX_MSG
 
 
 @pytest.fixture

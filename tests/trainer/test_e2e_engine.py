@@ -8,7 +8,7 @@ import threading
 from clawproxy.config import load_config
 from clawproxy.engine.client import EngineClient
 from clawproxy.store import Store
-from tests.clawproxy.engine_proc import chat, engine_process
+from tests.rig.engine_proc import chat, engine_process
 from tests.trainer.util import insert_turn
 
 QUESTIONS = ["What is 2+2?", "Name a fruit.", "Say hello.", "What color is the sky?"]

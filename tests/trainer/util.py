@@ -1,14 +1,9 @@
-"""Helpers for trainer tests: write judged turns into a real Store the way the proxy and judge do,
-and load the bench scripts that drive the trainer."""
+"""Helpers for trainer tests: write judged turns into a real Store the way the proxy and judge do."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 import uuid
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from clawproxy.store import Store
@@ -59,16 +54,3 @@ def insert_turn(
             {"turn_id": turn_id, "score": score, "hint": hint, "voter": "test", "created_at": time.time()},
         )
     return turn_id
-
-
-def bench_module(name: str) -> ModuleType:
-    """``bench/<name>.py`` loaded as a module (bench/ is a folder of scripts, not a package)."""
-    bench = Path(__file__).resolve().parents[2] / "bench"
-    if str(bench) not in sys.path:  # the scripts import their neighbours (_env, oracle) as a script would
-        sys.path.insert(0, str(bench))
-    path = bench / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod

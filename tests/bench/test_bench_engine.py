@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.trainer.util import bench_module
+from tests.bench.util import bench_module
 
 
 def test_openclaw_prompt_has_the_size_and_shape_asked_for(default_model_dir):

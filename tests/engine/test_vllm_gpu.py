@@ -17,8 +17,8 @@ import urllib.request
 
 import pytest
 
-from tests.clawproxy.vllm_contract import *  # noqa: F403 (the shared contract tests)
-from tests.clawproxy.vllm_contract import Target
+from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
+from tests.rig.vllm_contract import Target
 from tests.net import held_port
 
 pytestmark = pytest.mark.gpu
@@ -99,7 +99,7 @@ def target(default_model_dir, tmp_path_factory):
 def test_trainer_step_publishes_into_real_vllm(target, tmp_path, finetune):
     from clawproxy.config import load_config
     from clawproxy.store import Store
-    from tests.clawproxy.vllm_contract import ask, chat
+    from tests.rig.vllm_contract import ask, chat
     from tests.trainer.test_loop import _add
     from trainer.loop import Trainer
 

@@ -10,7 +10,7 @@ import pytest
 
 from clawproxy.chat_template import normalize_messages
 from clawproxy.engine.tools import ToolCallStreamParser, split_tool_calls
-from tests.clawproxy.engine_proc import chat, engine_process, stream_chat
+from tests.rig.engine_proc import chat, engine_process, stream_chat
 
 SCRIPT = 'Sure.<tool_call>{"name":"ls","arguments":{}}'
 TOOLS = [{"type": "function", "function": {"name": "ls", "description": "List files",

@@ -7,7 +7,7 @@ import json
 
 from clawproxy.simulate.personas import PREFERENCES
 from clawproxy.simulate.prompts import TRAIN_PROMPTS
-from tests.trainer.util import bench_module
+from tests.bench.util import bench_module
 from trainer.batch import HINT_TEMPLATE
 
 

@@ -226,7 +226,7 @@ def test_adoption_requires_a_real_answer_and_files_are_written(tmp_path):
 
 
 def test_bench_summary_gives_mean_and_spread_over_seeds():
-    from tests.trainer.util import bench_module
+    from tests.bench.util import bench_module
 
     bench = bench_module("personalize")
     prompts = ["How do I boil an egg?"] * 2

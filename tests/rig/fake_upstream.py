@@ -19,7 +19,7 @@ tests do not interfere:
     x-fake-stamp    1: each chunk carries ``sent_ns`` (time.monotonic_ns() when written), so a
                     client on the same machine can measure per-chunk delivery latency
 
-Run alone: ``python -m tests.clawproxy.fake_upstream --port 0`` prints ``PORT <n>`` when ready.
+Run alone: ``python -m tests.rig.fake_upstream --port 0`` prints ``PORT <n>`` when ready.
 """
 
 from __future__ import annotations

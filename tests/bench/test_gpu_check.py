@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.trainer.util import bench_module
+from tests.bench.util import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 

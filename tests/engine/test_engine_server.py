@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from clawproxy.engine.client import EngineClient
-from tests.clawproxy.engine_proc import (
+from tests.rig.engine_proc import (
     chat,
     engine_process,
     forward_logprobs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.clawproxy.engine_proc import chat, engine_process, forward_logprobs, get, stream_chat
+from tests.rig.engine_proc import chat, engine_process, forward_logprobs, get, stream_chat
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.clawproxy.test_proxy_forwarding import CTX_MSG, _body
+from tests.proxy.test_proxy_forwarding import CTX_MSG, _body
 
 
 async def test_stream_turn_recorded_with_tokens(rig):

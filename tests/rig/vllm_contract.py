@@ -3,7 +3,7 @@ server given as a ``target`` fixture (``Target``).
 
 test_vllm_contract.py runs them against the fake (tests/fakes/fake_vllm.py), test_vllm_gpu.py
 against a real ``vllm serve`` on a GPU; a test that needs one of the fake's failure knobs skips on
-a real server. Import the tests with ``from tests.clawproxy.vllm_contract import *``.
+a real server. Import the tests with ``from tests.rig.vllm_contract import *``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 from clawproxy.engine.client import EngineClient
 from clawproxy.errors import EngineError
-from tests.clawproxy.engine_proc import chat, engine_process, forward_logprobs, request, stream_chat
+from tests.rig.engine_proc import chat, engine_process, forward_logprobs, request, stream_chat
 
 TOKEN = "s3cret"
 MSGS = [{"role": "user", "content": "Count to ten."}]

@@ -40,10 +40,10 @@ def _env() -> dict[str, str]:
 
 
 class FakeProc:
-    """``python -m tests.clawproxy.fake_upstream`` on a free port."""
+    """``python -m tests.rig.fake_upstream`` on a free port."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.clawproxy.fake_upstream", "--port", "0"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.rig.fake_upstream", "--port", "0"],
                                      cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True,
                                      stderr=subprocess.DEVNULL)  # its tracebacks when a proxy is killed
         line = self.proc.stdout.readline()  # type: ignore[union-attr]

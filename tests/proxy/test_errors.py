@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import orjson
 
-from tests.clawproxy.test_proxy_forwarding import _body
+from tests.proxy.test_proxy_forwarding import _body
 from tests.net import held_port
 
 

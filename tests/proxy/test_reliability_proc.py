@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.clawproxy.proc_rig import (
+from tests.rig.proc_rig import (
     FakeProc,
     ProxyProc,
     chat_body,

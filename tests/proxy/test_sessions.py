@@ -19,7 +19,7 @@ from clawproxy.proxy.sessions import (
     strip_ctx,
     trainability,
 )
-from tests.clawproxy.test_proxy_forwarding import CTX_MSG
+from tests.proxy.test_proxy_forwarding import CTX_MSG
 
 # A copy of shared/openclaw/samples.jsonl (real OpenClaw requests; keys are fake test keys).
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"

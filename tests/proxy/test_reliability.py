@@ -16,9 +16,9 @@ import pytest
 
 from clawproxy.errors import ConfigError
 from clawproxy.store import Store
-from tests.clawproxy.proc_rig import http_request, raw_request
-from tests.clawproxy.test_durability import disk_full
-from tests.clawproxy.test_proxy_forwarding import _body
+from tests.rig.proc_rig import http_request, raw_request
+from tests.proxy.test_durability import disk_full
+from tests.proxy.test_proxy_forwarding import _body
 
 
 def _port(rig) -> int:
@@ -432,7 +432,7 @@ def test_start_serves_with_a_broken_store(tmp_path):
     import sys
     import urllib.request
 
-    from tests.clawproxy.proc_rig import REPO, FakeProc, free_port
+    from tests.rig.proc_rig import REPO, FakeProc, free_port
 
     data = tmp_path / "data"
     (data / "clawproxy.db").mkdir(parents=True)  # the database cannot be opened

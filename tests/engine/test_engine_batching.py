@@ -12,7 +12,7 @@ import pytest
 
 from clawproxy.chat_template import render_chat
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams
-from tests.clawproxy.engine_proc import forward_logprobs
+from tests.rig.engine_proc import forward_logprobs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 
 from clawproxy.store import Store
-from tests.clawproxy.fake_upstream import FakeUpstream
-from tests.clawproxy.test_proxy_forwarding import _body
+from tests.rig.fake_upstream import FakeUpstream
+from tests.proxy.test_proxy_forwarding import _body
 from tests.net import held_port, wait_ok
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import torch
 
 from clawproxy.simulate.personas import PREFERENCES
 from clawproxy.simulate.prompts import HELDOUT_PROMPTS
-from tests.trainer.util import bench_module
+from tests.bench.util import bench_module
 
 oracle = bench_module("oracle")
 OracleSettings, generate, reinforce_step = oracle.OracleSettings, oracle.generate, oracle.reinforce_step

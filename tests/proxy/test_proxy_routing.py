@@ -12,7 +12,7 @@ import pytest
 
 from clawproxy.proxy.app import ROUTER_KEY
 from clawproxy.store import Store
-from tests.clawproxy.test_vllm_contract import write_adapter
+from tests.engine.test_vllm_contract import write_adapter
 from tests.fakes.fake_vllm import CALLS, STATE, create_fake_vllm, restart
 
 MODEL = "Qwen/Qwen3-4B"

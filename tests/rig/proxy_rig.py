@@ -1,4 +1,4 @@
-"""Proxy fixtures: a real fake upstream and the real proxy, both on loopback, and a real client."""
+"""The proxy rig: a real fake upstream and the real proxy on loopback, and a real client."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from clawproxy.config import Config, load_config
 from clawproxy.proxy import create_app
 from clawproxy.proxy.app import server_options
 from clawproxy.store import Store
-from tests.clawproxy.fake_upstream import FakeUpstream
+from tests.rig.fake_upstream import FakeUpstream
 
 
 class ProxyRig:

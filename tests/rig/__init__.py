@@ -1,0 +1,1 @@
+"""Shared rigs for tests and bench scripts: real processes and servers on loopback."""
