@@ -11,8 +11,8 @@ from clawproxy.degenerate import degeneracy
 from clawproxy.simulate.personas import PREFERENCES
 from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
 from clawproxy.store import Store
-from tests.trainer.test_loop import _add
 from tests.bench.util import bench_module
+from tests.trainer.test_loop import _add
 
 
 def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir):

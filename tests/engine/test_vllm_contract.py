@@ -12,10 +12,10 @@ from safetensors.numpy import save_file
 
 from clawproxy.engine.client import EngineClient
 from clawproxy.errors import EngineError
-from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
-from tests.rig.vllm_contract import Target
 from tests.fakes.fake_vllm import CALLS, STATE, create_fake_vllm
 from tests.fakes.serve import serve_in_thread
+from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
+from tests.rig.vllm_contract import Target
 
 MODEL = "Qwen/Qwen3-4B"
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

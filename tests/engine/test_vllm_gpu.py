@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
+from tests.net import held_port
 from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
 from tests.rig.vllm_contract import Target
-from tests.net import held_port
 
 pytestmark = pytest.mark.gpu
 

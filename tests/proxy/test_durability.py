@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 
 from clawproxy.store import Store
-from tests.rig.fake_upstream import FakeUpstream
-from tests.proxy.test_proxy_forwarding import _body
 from tests.net import held_port, wait_ok
+from tests.proxy.test_proxy_forwarding import _body
+from tests.rig.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = " filler" * 4000  # needs new pages: a full database cannot take it

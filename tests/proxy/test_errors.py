@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 import orjson
 
-from tests.proxy.test_proxy_forwarding import _body
 from tests.net import held_port
+from tests.proxy.test_proxy_forwarding import _body
 
 
 def _is_openai_error(raw: bytes) -> dict:

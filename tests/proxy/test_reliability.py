@@ -16,9 +16,9 @@ import pytest
 
 from clawproxy.errors import ConfigError
 from clawproxy.store import Store
-from tests.rig.proc_rig import http_request, raw_request
 from tests.proxy.test_durability import disk_full
 from tests.proxy.test_proxy_forwarding import _body
+from tests.rig.proc_rig import http_request, raw_request
 
 
 def _port(rig) -> int:
