@@ -179,11 +179,16 @@ def _row(cursor: sqlite3.Cursor, row: tuple) -> dict[str, Any]:
 
 
 class Store:
-    """The SQLite store. Open with ``Store(path)``; it creates and migrates the database."""
+    """The SQLite store. Open with ``Store(path)``; it creates and migrates the database.
+
+    ``Store.reader(path)`` opens an existing store read-only, for observers (the dashboard,
+    /metrics) that must never take a write lock from the recorder, the judge or the trainer.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock = threading.RLock()
+        self.readonly = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.path.parent, 0o700)
@@ -208,6 +213,23 @@ class Store:
                     os.chmod(p, 0o600)
         except (sqlite3.Error, OSError) as e:  # OSError: the data dir cannot be created or chmod-ed
             raise StoreError(f"cannot open store {self.path}: {e}") from e
+
+    @classmethod
+    def reader(cls, path: str | Path) -> Store:
+        """A read-only connection to an existing, migrated store (no migration, no writes)."""
+        self = cls.__new__(cls)
+        self.path, self._lock, self.readonly = Path(path), threading.RLock(), True
+        try:
+            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                         check_same_thread=False, timeout=30.0, isolation_level=None)
+            self._conn.row_factory = _row
+            self._conn.execute("PRAGMA query_only=ON")
+            self._conn.execute("PRAGMA busy_timeout=30000")
+            if self._check_version() != len(MIGRATIONS):
+                raise StoreError(f"store {self.path} is not migrated yet; start clawproxy first.")
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open store {self.path} read-only: {e}") from e
+        return self
 
     # -- plumbing ---------------------------------------------------------------------------
     def _enable_wal(self) -> None:

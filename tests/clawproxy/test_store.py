@@ -28,3 +28,22 @@ def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
             assert s.schema_version == len(MIGRATIONS)
         finally:
             s.close()
+
+
+def test_reader_sees_writes_and_cannot_write(tmp_path):
+    import sqlite3
+
+    import pytest
+
+    from clawproxy.errors import StoreError
+
+    with pytest.raises(StoreError, match="read-only"):
+        Store.reader(tmp_path / "missing.db")
+    writer = Store(tmp_path / "s.db")
+    reader = Store.reader(tmp_path / "s.db")
+    writer.log_event("hello", {"n": 1})
+    assert [e["data"] for e in reader.events_of("hello")] == [{"n": 1}]
+    with pytest.raises(sqlite3.OperationalError, match="readonly|read-only"):
+        reader.log_event("nope")
+    writer.close()
+    reader.close()
