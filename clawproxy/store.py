@@ -364,14 +364,150 @@ class Store:
         row = self.query_one("SELECT MAX(version) AS v FROM checkpoints WHERE status='published'")
         return int(row["v"]) if row and row["v"] is not None else 0
 
-    # -- quarantine (records the recorder could not store) --------------------------------------
+    # -- the recorder (clawproxy/proxy/recorder.py): records it could not store ------------------
     def quarantine(self, request_id: str | None, reason: str, record: str | None) -> None:
-        self.insert("quarantine", {"request_id": request_id, "created_at": time.time(),
-                                   "reason": reason[:2000], "record": record})
+        """Keep one record aside with the reason it could not be stored."""
+        self.quarantine_many([(request_id, reason, record)])
+
+    def quarantine_many(self, records: Iterable[tuple[str | None, str, str | None]]) -> None:
+        """(request_id, reason, record) rows, all or none in one transaction."""
+        now = time.time()
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO quarantine (request_id, created_at, reason, record) VALUES (?, ?, ?, ?)",
+                [(request_id, now, reason[:2000], record) for request_id, reason, record in records],
+            )
 
     def quarantine_count(self) -> int:
+        """How many records are quarantined."""
         return self.query_one("SELECT COUNT(*) AS n FROM quarantine")["n"]
 
+    # -- session tracking (clawproxy/proxy/sessions.py, in the recorder's thread) ----------------
+    def has_turn(self, request_id: str) -> bool:
+        """Whether a turn with this request id is stored (ingest is idempotent by it)."""
+        return self.query_one("SELECT 1 AS x FROM turns WHERE request_id=?", (request_id,)) is not None
+
+    def open_session_prompts(self, seen_since: float, limit: int) -> list[tuple[str, Any]]:
+        """(session id, last answered main prompt or None) of up to ``limit`` open sessions seen since
+        ``seen_since``, most recently seen first; indexed lookups only (this runs at proxy start)."""
+        rows = self.query(
+            "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
+            (seen_since, limit),
+        )
+        out = []
+        for r in rows:
+            last = self.query_one(
+                "SELECT request_messages FROM turns WHERE session_id=? AND kind='main' AND status='ok' "
+                "ORDER BY turn_index DESC, id DESC LIMIT 1", (r["id"],))
+            out.append((r["id"], last["request_messages"] if last else None))
+        return out
+
+    def recent_bodies(self, created_since: float, limit: int) -> list[dict[str, Any]]:
+        """Non-retry turns with a body hash among the last ``limit`` ids, created since ``created_since``,
+        newest first: id, created_at, status, session_id, body_hash (the retry memory)."""
+        return self.query(
+            "SELECT id, created_at, status, session_id, body_hash FROM turns "
+            "WHERE id > (SELECT COALESCE(MAX(id), 0) FROM turns) - ? AND body_hash IS NOT NULL "
+            "AND created_at >= ? AND kind != 'retry' ORDER BY id DESC",
+            (limit, created_since),
+        )
+
+    def session_tail(self, session_id: str, *, skip: int | None = None) -> tuple[int, dict[str, Any] | None]:
+        """The session's next turn_index and its newest main turn but ``skip`` (id, request_messages,
+        reason, status, answered: whether it has a next state), or None."""
+        row = self.query_one("SELECT MAX(turn_index) AS n FROM turns WHERE session_id=?", (session_id,))
+        newest = self.query_one(
+            "SELECT id, request_messages, reason, status, next_state IS NOT NULL AS answered FROM turns "
+            "WHERE session_id=? AND kind='main' AND id IS NOT ? ORDER BY turn_index DESC, id DESC LIMIT 1",
+            (session_id, skip),
+        )
+        return (row["n"] + 1 if row and row["n"] is not None else 0), newest
+
+    def record_turn(self, turn: dict[str, Any], *, session: dict[str, Any] | None = None,
+                    retried: int | None = None, previous: tuple[int, dict[str, Any]] | None = None) -> int | None:
+        """One transaction: the earlier failed copy this turn ``retried`` becomes a retry, the session
+        is created or touched (``session``: the columns plus ``active``, see ``_touch_session``), the
+        turn is inserted, and ``previous`` (id, columns) updates the session's previous main turn,
+        linked to this one when it gets a next state. Returns the turn id; None, writing nothing,
+        when the request id is already stored."""
+        with self.transaction():
+            if self.has_turn(turn["request_id"]):
+                return None
+            if retried is not None:
+                self.update("turns", "id", retried, {"kind": "retry", "reason": "retry", "trainable": 0})
+            if session is not None:
+                self._touch_session(**session)
+            turn_id = self.insert("turns", turn)
+            if previous is not None:
+                prev_id, values = previous
+                if "next_state" in values:
+                    values = {**values, "next_turn_id": turn_id}
+                self.update("turns", "id", prev_id, values)
+        return turn_id
+
+    def _touch_session(self, *, id: str, source: str, session_key: str | None, agent: str | None,
+                       compaction: int | None, seen_at: float, active: bool) -> None:
+        """Create or touch a session. Only ``active`` (non-side) turns restart its idle clock and
+        reopen it: OpenClaw's heartbeat runs in the main session every 30 minutes and would
+        otherwise keep the last main turn waiting for a next state forever."""
+        self.execute(
+            "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "last_seen=CASE WHEN ? THEN MAX(last_seen, excluded.last_seen) ELSE last_seen END, "
+            "finalized_at=CASE WHEN ? THEN NULL ELSE finalized_at END, "
+            "compaction=COALESCE(excluded.compaction, compaction), "
+            "session_key=COALESCE(session_key, excluded.session_key), "
+            "agent=COALESCE(agent, excluded.agent)",
+            (id, source, session_key, agent, compaction, seen_at, seen_at, active, active),
+        )
+
+    def finalize_idle_sessions(self, seen_before: float) -> list[str]:
+        """One transaction: open sessions last seen before ``seen_before`` are finalized and their
+        pending turns get the reason no_next_state. Returns their ids."""
+        with self.transaction() as conn:
+            ids = [r["id"] for r in conn.execute(
+                "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen < ?", (seen_before,))]
+            for sid in ids:
+                conn.execute("UPDATE turns SET reason='no_next_state' WHERE session_id=? AND reason='pending'",
+                             (sid,))
+                conn.execute("UPDATE sessions SET finalized_at=? WHERE id=?", (time.time(), sid))
+        return ids
+
+    # -- the judge (judge/worker.py) -------------------------------------------------------------
+    def unjudged_count(self) -> int:
+        """How many turns wait for the judge (see ``unjudged_turns``)."""
+        return self.query_one(f"SELECT COUNT(*) AS n FROM ({_UNJUDGED})")["n"]
+
+    def unjudged_turns(self, limit: int, exclude: Iterable[int] = ()) -> list[dict[str, Any]]:
+        """Up to ``limit`` trainable main turns with a next state and no judgment, oldest first, but
+        those in ``exclude``."""
+        exclude = set(exclude)
+        rows = self.query(_UNJUDGED + " LIMIT ?", (limit + len(exclude),))
+        return [r for r in rows if r["id"] not in exclude][:limit]
+
+    def record_judgment(self, turn_id: int, *, score: int, hint: str | None, voter: str,
+                        votes: list[dict[str, Any]]) -> bool:
+        """One transaction: every vote (raw, score, hint, error) and the judgment, unless the turn
+        was judged meanwhile (False, nothing written)."""
+        now = time.time()
+        with self.transaction() as conn:
+            if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
+                return False
+            # Votes without a judgment can only come from an older writer; this one replaces them.
+            conn.execute("DELETE FROM votes WHERE turn_id=?", (turn_id,))
+            conn.executemany(
+                "INSERT INTO votes (turn_id, idx, voter, raw, score, hint, error, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(turn_id, i, voter, v["raw"], v["score"], v["hint"], v["error"], now)
+                 for i, v in enumerate(votes)],
+            )
+            conn.execute(
+                "INSERT INTO judgments (turn_id, score, hint, voter, created_at) VALUES (?, ?, ?, ?, ?)",
+                (turn_id, score, hint, voter, now),
+            )
+        return True
+
+    # -- deletion (`clawproxy sessions delete`) ----------------------------------------------------
     def purge_free_pages(self) -> None:
         """Rewrite the database without its free pages and empty the WAL, so deleted rows are
         gone from every file on disk (used after deletions; needs a moment with no writer)."""
@@ -598,6 +734,15 @@ class Store:
         """A judgment from outside the judge (the simulator's oracle); a turn already judged keeps its own."""
         self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
                                   "created_at": time.time()}, or_ignore=True)
+
+
+# The judge's queue: trainable main turns with a next state and no judgment yet, oldest first.
+_UNJUDGED = """
+    SELECT t.* FROM turns t
+    LEFT JOIN judgments j ON j.turn_id = t.id
+    WHERE t.kind = 'main' AND t.trainable = 1 AND t.next_state IS NOT NULL AND j.turn_id IS NULL
+    ORDER BY t.id
+"""
 
 
 def _split_sql(script: str) -> list[str]:

@@ -32,7 +32,7 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     """Judge every trainable main turn that has a next state and no judgment yet."""
     from clawproxy.store import Store
     from judge.voters import build_voter
-    from judge.worker import Worker, pending_count
+    from judge.worker import Worker
 
     cfg = build_config(config_path, data_dir, **{"judge.voter": voter, "judge.votes": votes})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s judge %(levelname)s %(message)s")
@@ -46,7 +46,7 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     try:
         store = Store(cfg.db_path)
         worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size)
-        total = None if follow else pending_count(store)
+        total = None if follow else store.unjudged_count()
         if limit is not None and total is not None:
             total = min(total, limit)
         with progress(f"judging ({worker.voter.name}, m={worker.votes})", total, no_progress) as advance:

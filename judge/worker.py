@@ -2,7 +2,7 @@
 
 Loop: pick turns (kind main, trainable, next state present, no judgment row), cast m votes outside
 any transaction (voting is slow), then write every vote and the judgment in ONE transaction that
-first re-checks that no judgment exists. So:
+first re-checks that no judgment exists (``Store.record_judgment``). So:
 
 - a crash (or SIGKILL) mid-turn leaves nothing behind for that turn: it is picked up again later;
 - two workers racing on one turn cannot both write it (BEGIN IMMEDIATE + the re-check, backed by
@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clawproxy.store import Store
@@ -31,25 +31,6 @@ from judge.extract import from_turn
 from judge.voters import Vote, Voter, final_hint, majority
 
 log = logging.getLogger(__name__)
-
-PENDING_SQL = """
-    SELECT t.* FROM turns t
-    LEFT JOIN judgments j ON j.turn_id = t.id
-    WHERE t.kind = 'main' AND t.trainable = 1 AND t.next_state IS NOT NULL AND j.turn_id IS NULL
-    ORDER BY t.id
-"""
-
-
-def pending_count(store: Store) -> int:
-    row = store.query_one(f"SELECT COUNT(*) AS n FROM ({PENDING_SQL})")
-    return int(row["n"]) if row else 0
-
-
-def pending_turns(store: Store, limit: int, exclude: set[int] | None = None) -> list[dict[str, Any]]:
-    """Up to ``limit`` unjudged turns, oldest first, skipping ids in ``exclude`` (backing off)."""
-    exclude = exclude or set()
-    rows = store.query(PENDING_SQL + " LIMIT ?", (limit + len(exclude),))
-    return [r for r in rows if r["id"] not in exclude][:limit]
 
 
 @dataclass
@@ -88,23 +69,9 @@ class Worker:
         """Write the votes and the judgment atomically; None if the turn was judged meanwhile."""
         score = majority(votes)
         hint = final_hint(votes, score)
-        now = time.time()
-        with self.store.transaction() as conn:
-            if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
-                return None
-            # Votes without a judgment can only come from an older writer; this one replaces them.
-            conn.execute("DELETE FROM votes WHERE turn_id=?", (turn_id,))
-            conn.executemany(
-                "INSERT INTO votes (turn_id, idx, voter, raw, score, hint, error, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(turn_id, i, self.voter.name, v.raw, v.score, v.hint, v.error, now)
-                 for i, v in enumerate(votes)],
-            )
-            conn.execute(
-                "INSERT INTO judgments (turn_id, score, hint, voter, created_at) VALUES (?, ?, ?, ?, ?)",
-                (turn_id, score, hint, self.voter.name, now),
-            )
-        return score
+        written = self.store.record_judgment(turn_id, score=score, hint=hint, voter=self.voter.name,
+                                             votes=[asdict(v) for v in votes])
+        return score if written else None
 
     def judge_turn(self, turn: dict[str, Any]) -> int | None:
         """Judge one turn; returns the score written, or None (retry later / already judged)."""
@@ -134,7 +101,7 @@ class Worker:
             now = time.monotonic()
             waiting = {t for t, r in self._retry.items() if r.not_before > now}
             n = self.batch_size if limit is None else min(self.batch_size, limit - written)
-            turns = pending_turns(self.store, n, exclude=waiting)
+            turns = self.store.unjudged_turns(n, exclude=waiting)
             if not turns:
                 break
             for turn in turns:

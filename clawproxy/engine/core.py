@@ -330,7 +330,7 @@ class Engine:
                 with self._cond:
                     while True:
                         if self._stopping:
-                            self._abort_all("the engine is shutting down")
+                            self._abort_all()
                             return
                         if self._controls:
                             controls = list(self._controls)
@@ -340,7 +340,7 @@ class Engine:
                         if self._abort_requested:
                             # Only what was in flight when pause(abort) came; later ones wait.
                             self._abort_requested = False
-                            self._abort_all("aborted by pause(mode=abort)")
+                            self._abort_all()
                         busy = len(self._active) + len(self._prefilling)
                         if mode == "wait":
                             while (self._wait_admit > 0 and self._pending
@@ -590,7 +590,7 @@ class Engine:
             )
         )
 
-    def _abort_all(self, why: str) -> None:
+    def _abort_all(self) -> None:
         for req in self._active + self._prefilling + list(self._pending):
             if not req.finished:
                 req.finished = True

@@ -496,14 +496,15 @@ class Recorder:
         if self.store is None or not self.quarantine_path.exists():
             return
         try:
-            lines = [x for x in self.quarantine_path.read_bytes().splitlines() if x.strip()]
-            with self.store.transaction():
-                for line in lines:
-                    try:
-                        q = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        continue
-                    self.store.quarantine(q.get("request_id"), q.get("reason") or "?", q.get("record"))
+            rows = []
+            for line in self.quarantine_path.read_bytes().splitlines():
+                try:
+                    q = orjson.loads(line) if line.strip() else None
+                except orjson.JSONDecodeError:
+                    continue
+                if q is not None:
+                    rows.append((q.get("request_id"), q.get("reason") or "?", q.get("record")))
+            self.store.quarantine_many(rows)
             self.quarantine_path.unlink()
         except Exception as e:
             log.error("cannot move %s into the store (%s); kept", self.quarantine_path, e)

@@ -1,4 +1,4 @@
-"""Session identity, turn classification and next-state linking (see shared/openclaw/WIRE.md §2).
+"""Session identity, turn classification and next-state linking (docs/openclaw-wire.md §2).
 
 All of this runs in the recorder's single worker thread, so the tracker's in-memory state needs no
 locks. Pure functions (``identify``, ``classify``, ``next_state_after``) are
@@ -131,7 +131,8 @@ def split_compaction(value: str) -> tuple[str, int | None]:
 
 
 def identify(headers: dict[str, str], body: dict[str, Any]) -> Identity:
-    """Session identity from explicit signals, in WIRE.md's order (prefix chaining is separate)."""
+    """Session identity from explicit signals, in order of trust (docs/openclaw-wire.md §2.4):
+    affinity header, prompt_cache_key, x-session-id, the Runtime line. Prefix chaining is separate."""
     messages = body.get("messages") or []
     first_user = next(
         (m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None
@@ -160,7 +161,7 @@ def identify(headers: dict[str, str], body: dict[str, Any]) -> Identity:
 
 # -- classification ------------------------------------------------------------------------------
 def classify(body: dict[str, Any], stream: bool) -> str | None:
-    """The side kind of a request (WIRE.md §2.7), or None for a main turn.
+    """The side kind of a request (docs/openclaw-wire.md §2.7), or None for a main turn.
 
     Unknown requests are main: defaulting to side would silently never train on them.
     """
@@ -193,7 +194,7 @@ def classify(body: dict[str, Any], stream: bool) -> str | None:
 
 
 def is_heartbeat_prompt(text: str) -> bool:
-    """OpenClaw's heartbeat poll (WIRE.md §2.7), not something the user said."""
+    """OpenClaw's heartbeat poll (docs/openclaw-wire.md §2.7), not something the user said."""
     t = text.lstrip()
     return t.startswith("Follow the heartbeat monitor") or "[OpenClaw heartbeat poll]" in t
 
@@ -307,24 +308,12 @@ class SessionTracker:
         memory with the bodies recorded within the retry window (what a restart forgot)."""
         self._warm = True
         now = now if now is not None else time.time()
-        # Indexed lookups only: a store of months of traffic must not be scanned at startup.
-        rows = store.query(
-            "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
-            (now - self.idle_timeout_s, self._index_size),
-        )
-        for r in reversed(rows):
-            last = store.query_one(
-                "SELECT request_messages FROM turns WHERE session_id=? AND kind='main' AND status='ok' "
-                "ORDER BY turn_index DESC, id DESC LIMIT 1", (r["id"],))
-            prompt = strip_ctx((last["request_messages"] if last else None) or [])
+        rows = store.open_session_prompts(now - self.idle_timeout_s, self._index_size)
+        for sid, messages in reversed(rows):
+            prompt = strip_ctx(messages or [])
             if prompt:
-                self._remember(self._prefix_index, prefix_hashes(prompt)[-1], r["id"])
-        recent = store.query(
-            "SELECT id, created_at, status, session_id, body_hash FROM turns "
-            "WHERE id > (SELECT COALESCE(MAX(id), 0) FROM turns) - ? AND body_hash IS NOT NULL "
-            "AND created_at >= ? AND kind != 'retry' ORDER BY id DESC",
-            (self._index_size, now - self.retry_window_s),
-        )
+                self._remember(self._prefix_index, prefix_hashes(prompt)[-1], sid)
+        recent = store.recent_bodies(now - self.retry_window_s, self._index_size)
         for r in reversed(recent):
             self._remember(self._recent, r["body_hash"], (r["id"], r["created_at"], r["status"], r["session_id"]))
         if rows or recent:
@@ -338,26 +327,18 @@ class SessionTracker:
         self._recent.clear()
         self._warm = False
 
-    def _state(self, store: Store, sid: str) -> _SessionState:
+    def _state(self, store: Store, sid: str, retried: int | None = None) -> _SessionState:
+        """The session's state, read from the store on a cache miss. ``retried``: a failed turn
+        this record turns into a retry, so it is no longer the session's newest main turn."""
         st = self._sessions.get(sid)
         if st is not None:
             return st
-        row = store.query_one(
-            "SELECT MAX(turn_index) AS n FROM turns WHERE session_id=?", (sid,)
-        )
-        next_index = (row["n"] + 1) if row and row["n"] is not None else 0
+        next_index, last = store.session_tail(sid, skip=retried)
         pending = None
-        last = store.query_one(
-            "SELECT id, request_messages, reason FROM turns WHERE session_id=? AND kind='main' "
-            "AND status='ok' AND next_state IS NULL ORDER BY turn_index DESC, id DESC LIMIT 1",
-            (sid,),
-        )
-        newest_main = store.query_one(
-            "SELECT id FROM turns WHERE session_id=? AND kind='main' "
-            "ORDER BY turn_index DESC, id DESC LIMIT 1",
-            (sid,),
-        )
-        if last and newest_main and last["id"] == newest_main["id"] and last["reason"] != "no_next_state":
+        # Only the newest main turn can wait for a next state: an answered, failed or finalized
+        # one means the conversation moved on without it.
+        if (last and last["status"] == "ok" and not last["answered"]
+                and last["reason"] != "no_next_state"):
             prompt = strip_ctx(last["request_messages"] or [])
             pending = _Pending(last["id"], len(prompt), prefix_hashes(prompt)[-1], last["reason"])
         st = _SessionState(next_index, pending)
@@ -371,15 +352,13 @@ class SessionTracker:
             d.popitem(last=False)
 
     def ingest(self, store: Store, rec: dict[str, Any]) -> int | None:
-        """Write one parsed turn record; returns the turn id (None if it was already stored)."""
-        with store.transaction() as conn:
-            if conn.execute(
-                "SELECT 1 FROM turns WHERE request_id=?", (rec["request_id"],)
-            ).fetchone():
-                return None
-            return self._ingest(store, rec)
+        """Write one parsed turn record in one transaction (its session, the turn, the link of the
+        previous turn); returns the turn id (None if it was already stored)."""
+        if store.has_turn(rec["request_id"]):
+            return None
+        return self._ingest(store, rec)
 
-    def _ingest(self, store: Store, rec: dict[str, Any]) -> int:
+    def _ingest(self, store: Store, rec: dict[str, Any]) -> int | None:
         if not self._warm:
             self.warm(store, rec["created_at"])
         body = rec.get("request_body") or {}
@@ -413,12 +392,12 @@ class SessionTracker:
                 sid, source = prev[3], "retry"
         if sid is None and messages and kind == "main":
             sid, source = f"anon-{uuid.uuid4().hex[:12]}", "new"
+        retried = None
         if retry_of and retry_of[2] == "ok":
             kind = "retry"
         elif retry_of:
             # The earlier copy failed: it becomes the retry, this one is the turn we keep.
-            store.update("turns", "id", retry_of[0], {"kind": "retry", "reason": "retry",
-                                                      "trainable": 0})
+            retried = retry_of[0]
 
         reason = trainability(rec, kind)
         row = {k: rec.get(k) for k in _TURN_FIELDS}
@@ -429,75 +408,55 @@ class SessionTracker:
             request_tools=body.get("tools"),
             request_params={k: v for k, v in body.items() if k not in ("messages", "tools")} or None,
         )
-        st = None
+        st = session = previous = None
         if sid is not None:
-            self._upsert_session(store, sid, source or "new", ident, now, active=side_kind is None)
-            st = self._state(store, sid)
+            # Only active (non-side) turns restart the idle clock: OpenClaw's heartbeat runs in the
+            # main session and would otherwise keep its last main turn waiting forever.
+            session = {"id": sid, "source": source or "new", "session_key": ident.session_key,
+                       "agent": ident.agent, "compaction": ident.compaction, "seen_at": now,
+                       "active": side_kind is None}
+            st = self._state(store, sid, retried)
             row["turn_index"] = st.next_index
             st.next_index += 1
-        turn_id = store.insert("turns", row)
+            if kind == "main" and messages:
+                previous = self._link(st, messages, hashes)
+        # Everything above only read; the writes go in one transaction. On failure the caller
+        # forgets the cached state, which is then ahead of the store.
+        turn_id = store.record_turn(row, session=session, retried=retried, previous=previous)
+        if turn_id is None:  # another writer stored this request meanwhile
+            self.forget()
+            return None
         if bh and messages and kind != "retry":
             self._remember(self._recent, bh, (turn_id, now, rec["status"], sid))
-
-        if st is not None and kind == "main" and messages:
-            self._link(store, st, messages, turn_id, hashes)
-            if rec["status"] == "ok":
-                st.pending = _Pending(turn_id, len(prompt), hashes[-1], reason)
-                self._remember(self._prefix_index, hashes[-1], sid)
+        if st is not None and kind == "main" and messages and rec["status"] == "ok":
+            st.pending = _Pending(turn_id, len(prompt), hashes[-1], reason)
+            self._remember(self._prefix_index, hashes[-1], sid)
         return turn_id
 
-    def _link(self, store: Store, st: _SessionState, messages: list[Any], turn_id: int,
-              hashes: list[bytes]) -> None:
-        """This main request carries the next state of the session's previous main turn."""
+    def _link(self, st: _SessionState, messages: list[Any],
+              hashes: list[bytes]) -> tuple[int, dict[str, Any]] | None:
+        """This main request carries the next state of the session's previous main turn: the
+        (turn id, columns) update of that turn, or None."""
         p = st.pending
         if p is None:
-            return
+            return None
         st.pending = None
         ns = next_state_after(messages, p.prompt_len, p.prompt_hash, hashes)
         if ns is None:
-            if p.reason == "pending":
-                store.update("turns", "id", p.turn_id, {"reason": "no_next_state"})
-            return
+            return (p.turn_id, {"reason": "no_next_state"}) if p.reason == "pending" else None
         role = "tool" if ns[0].get("role") == "tool" else "user"
-        values: dict[str, Any] = {"next_state": ns, "next_state_role": role, "next_turn_id": turn_id}
+        values: dict[str, Any] = {"next_state": ns, "next_state_role": role}
         if p.reason == "pending":
             values.update(trainable=1, reason="ok")
         elif p.reason == "truncated":
             # Judged like any answer: the user reacted to what was cut off (the judge scores and
             # `sessions` shows it); the trainer skips it with the reason "truncated".
             values.update(trainable=1)
-        store.update("turns", "id", p.turn_id, values)
-
-    def _upsert_session(self, store: Store, sid: str, source: str, ident: Identity, now: float,
-                        active: bool = True) -> None:
-        """Create or touch the session. Only ``active`` (non-side) turns restart its idle clock:
-        OpenClaw's heartbeat runs in the main session every 30 minutes and would otherwise keep
-        the last main turn waiting for a next state forever."""
-        store.execute(
-            "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-            "last_seen=CASE WHEN ? THEN MAX(last_seen, excluded.last_seen) ELSE last_seen END, "
-            "finalized_at=CASE WHEN ? THEN NULL ELSE finalized_at END, "
-            "compaction=COALESCE(excluded.compaction, compaction), "
-            "session_key=COALESCE(session_key, excluded.session_key), "
-            "agent=COALESCE(agent, excluded.agent)",
-            (sid, source, ident.session_key, ident.agent, ident.compaction, now, now, active, active),
-        )
+        return p.turn_id, values
 
     def finalize_idle(self, store: Store, now: float | None = None) -> int:
         """Sessions idle past the timeout: their pending last turn gets no next state."""
-        cutoff = (now if now is not None else time.time()) - self.idle_timeout_s
-        with store.transaction() as conn:
-            rows = conn.execute(
-                "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen < ?", (cutoff,)
-            ).fetchall()
-            ids = [r["id"] for r in rows]
-            for sid in ids:
-                conn.execute(
-                    "UPDATE turns SET reason='no_next_state' WHERE session_id=? AND reason='pending'",
-                    (sid,),
-                )
-                conn.execute("UPDATE sessions SET finalized_at=? WHERE id=?", (time.time(), sid))
+        ids = store.finalize_idle_sessions((now if now is not None else time.time()) - self.idle_timeout_s)
         for sid in ids:
             self._sessions.pop(sid, None)
         if ids:

@@ -188,7 +188,6 @@ class Assembled:
     completion_logprobs: list[float] | None = None
     weight_versions: list[int] = field(default_factory=list)
     error: str | None = None
-    saw_done: bool = False
     events: int = 0
     bad_events: int = 0  # data events that were not a JSON object
 
@@ -349,7 +348,6 @@ def assemble_events(events: list[bytes | dict[str, Any]]) -> Assembled:
         if data is None:
             continue
         if data.strip() == b"[DONE]":
-            state.out.saw_done = True
             continue
         try:
             obj = orjson.loads(data)

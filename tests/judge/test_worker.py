@@ -12,7 +12,7 @@ from pathlib import Path
 
 from clawproxy.store import Store
 from judge.voters import LexicalVoter, Vote
-from judge.worker import Worker, pending_count
+from judge.worker import Worker
 from tests.judge.conftest import add_turn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def seed(store: Store) -> dict[str, int]:
 def test_worker_judges_trainable_turns_once(store):
     ids = seed(store)
     worker = Worker(store, LexicalVoter(), votes=3)
-    assert pending_count(store) == 3
+    assert store.unjudged_count() == 3
     assert worker.run(follow=False, poll_interval_s=0.01, stop=threading.Event()) == 3
     scores = {r["turn_id"]: r for r in store.query("SELECT * FROM judgments")}
     assert scores[ids["good"]]["score"] == 1
