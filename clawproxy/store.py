@@ -388,8 +388,8 @@ class Store:
         return self.query_one("SELECT 1 AS x FROM turns WHERE request_id=?", (request_id,)) is not None
 
     def open_session_prompts(self, seen_since: float, limit: int) -> list[tuple[str, Any]]:
-        """(session id, last answered main prompt or None) of up to ``limit`` open sessions seen since
-        ``seen_since``, most recently seen first; indexed lookups only (this runs at proxy start)."""
+        """(session id, last ok main prompt or None) of the ``limit`` open sessions last seen since ``seen_since``."""
+        # Indexed lookups only: a store of months of traffic must not be scanned at proxy start.
         rows = self.query(
             "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
             (seen_since, limit),
@@ -403,8 +403,7 @@ class Store:
         return out
 
     def recent_bodies(self, created_since: float, limit: int) -> list[dict[str, Any]]:
-        """Non-retry turns with a body hash among the last ``limit`` ids, created since ``created_since``,
-        newest first: id, created_at, status, session_id, body_hash (the retry memory)."""
+        """The retry memory: non-retry turns with a body hash, created since ``created_since``, in the last ``limit`` ids."""
         return self.query(
             "SELECT id, created_at, status, session_id, body_hash FROM turns "
             "WHERE id > (SELECT COALESCE(MAX(id), 0) FROM turns) - ? AND body_hash IS NOT NULL "
@@ -413,8 +412,7 @@ class Store:
         )
 
     def session_tail(self, session_id: str, *, skip: int | None = None) -> tuple[int, dict[str, Any] | None]:
-        """The session's next turn_index and its newest main turn but ``skip`` (id, request_messages,
-        reason, status, answered: whether it has a next state), or None."""
+        """The session's next turn_index, and its newest main turn but ``skip`` (``answered``: it has a next state)."""
         row = self.query_one("SELECT MAX(turn_index) AS n FROM turns WHERE session_id=?", (session_id,))
         newest = self.query_one(
             "SELECT id, request_messages, reason, status, next_state IS NOT NULL AS answered FROM turns "
@@ -425,11 +423,7 @@ class Store:
 
     def record_turn(self, turn: dict[str, Any], *, session: dict[str, Any] | None = None,
                     retried: int | None = None, previous: tuple[int, dict[str, Any]] | None = None) -> int | None:
-        """One transaction: the earlier failed copy this turn ``retried`` becomes a retry, the session
-        is created or touched (``session``: the columns plus ``active``, see ``_touch_session``), the
-        turn is inserted, and ``previous`` (id, columns) updates the session's previous main turn,
-        linked to this one when it gets a next state. Returns the turn id; None, writing nothing,
-        when the request id is already stored."""
+        """One transaction: mark ``retried``, touch ``session``, insert ``turn``, update (and link) ``previous``; None if stored."""
         with self.transaction():
             if self.has_turn(turn["request_id"]):
                 return None
@@ -447,9 +441,7 @@ class Store:
 
     def _touch_session(self, *, id: str, source: str, session_key: str | None, agent: str | None,
                        compaction: int | None, seen_at: float, active: bool) -> None:
-        """Create or touch a session. Only ``active`` (non-side) turns restart its idle clock and
-        reopen it: OpenClaw's heartbeat runs in the main session every 30 minutes and would
-        otherwise keep the last main turn waiting for a next state forever."""
+        """Create or touch a session; only ``active`` (non-side) turns move its idle clock and reopen it."""
         self.execute(
             "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
@@ -462,8 +454,7 @@ class Store:
         )
 
     def finalize_idle_sessions(self, seen_before: float) -> list[str]:
-        """One transaction: open sessions last seen before ``seen_before`` are finalized and their
-        pending turns get the reason no_next_state. Returns their ids."""
+        """One transaction: finalize the open sessions last seen before ``seen_before``; pending turns become no_next_state."""
         with self.transaction() as conn:
             ids = [r["id"] for r in conn.execute(
                 "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen < ?", (seen_before,))]
@@ -479,16 +470,14 @@ class Store:
         return self.query_one(f"SELECT COUNT(*) AS n FROM ({_UNJUDGED})")["n"]
 
     def unjudged_turns(self, limit: int, exclude: Iterable[int] = ()) -> list[dict[str, Any]]:
-        """Up to ``limit`` trainable main turns with a next state and no judgment, oldest first, but
-        those in ``exclude``."""
+        """Up to ``limit`` turns of the judge's queue (``_UNJUDGED``), oldest first, but those in ``exclude``."""
         exclude = set(exclude)
         rows = self.query(_UNJUDGED + " LIMIT ?", (limit + len(exclude),))
         return [r for r in rows if r["id"] not in exclude][:limit]
 
     def record_judgment(self, turn_id: int, *, score: int, hint: str | None, voter: str,
                         votes: list[dict[str, Any]]) -> bool:
-        """One transaction: every vote (raw, score, hint, error) and the judgment, unless the turn
-        was judged meanwhile (False, nothing written)."""
+        """One transaction: the votes (raw, score, hint, error) and the judgment, unless already judged (False)."""
         now = time.time()
         with self.transaction() as conn:
             if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
