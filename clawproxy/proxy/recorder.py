@@ -499,12 +499,11 @@ class Recorder:
             rows = []
             for line in self.quarantine_path.read_bytes().splitlines():
                 try:
-                    q = orjson.loads(line) if line.strip() else None
-                except orjson.JSONDecodeError:
+                    q = orjson.loads(line)
+                except orjson.JSONDecodeError:  # a blank or torn line
                     continue
-                if q is not None:
-                    rows.append((q.get("request_id"), q.get("reason") or "?", q.get("record")))
-            self.store.quarantine_many(rows)
+                rows.append((q.get("request_id"), q.get("reason") or "?", q.get("record")))
+            self.store.quarantine_many(rows)  # all or none: the file goes only once they are in
             self.quarantine_path.unlink()
         except Exception as e:
             log.error("cannot move %s into the store (%s); kept", self.quarantine_path, e)
