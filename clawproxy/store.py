@@ -552,9 +552,27 @@ class Store:
         return {r["reason"]: r["n"] for r in self.query("SELECT reason, COUNT(*) AS n FROM skipped_samples GROUP BY reason")}
 
     # -- metrics reads (the proxy's /metrics: the judge, trainer and engine run in other processes) --
-    def vote_counts(self) -> list[dict[str, Any]]:
-        """Votes counted by voter and score (None: a failed vote): voter, score, n."""
-        return self.query("SELECT voter, score, COUNT(*) AS n FROM votes GROUP BY voter, score")
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one state of the database (a read transaction: no write lock)."""
+        with self._lock:
+            self._conn.execute("BEGIN DEFERRED")
+            try:
+                yield
+            finally:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+
+    def vote_counts(self, after_id: int = 0) -> list[dict[str, Any]]:
+        """Votes with an id above ``after_id`` counted by voter and score (None: a failed vote):
+        voter, score, n, last_id (the highest id in the group). Ids only grow: counts add up."""
+        return self.query(
+            "SELECT voter, score, COUNT(*) AS n, MAX(id) AS last_id FROM votes WHERE id > ? GROUP BY voter, score",
+            (after_id,),
+        )
+
+    def vote_count(self) -> int:
+        return self.query_one("SELECT COUNT(*) AS n FROM votes")["n"]
 
     def judgment_counts(self) -> dict[int, int]:
         """Judged turns by majority score."""

@@ -43,6 +43,8 @@ log = logging.getLogger("clawproxy.proxy")
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 UPSTREAM_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RELOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+# A dashboard tab polls every second or two, and several may be open; the store changes slower.
+STORE_READ_INTERVAL_S = 1.0
 
 
 class Timing:
@@ -139,7 +141,10 @@ class StoreCollector:
     """The judge's, trainer's and engine's state, read from the store at scrape time.
 
     Those run in other processes; the store is what they share. The read-only connection is opened
-    on the first scrape (the recorder creates and migrates the store at start) and kept.
+    on the first scrape (the recorder creates and migrates the store at start) and kept. The reads
+    grow with the store (about 30 ms at 5,000 judged turns), so they run at most once per
+    ``STORE_READ_INTERVAL_S`` however many scrapers poll, and votes, the largest table, are counted
+    incrementally by id.
     """
 
     def __init__(self, db_path: Path):
@@ -147,6 +152,10 @@ class StoreCollector:
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._warned = False
+        self._cached: list[Metric] = []
+        self._read_at = -math.inf
+        self._votes: dict[tuple[str, int | None], int] = {}
+        self._votes_last_id = 0
 
     def describe(self) -> list[Metric]:
         return []
@@ -170,27 +179,46 @@ class StoreCollector:
 
     def collect(self) -> list[Metric]:
         with self._lock:
-            store = self._open()
-            out: list[Metric] = []
-            if store is not None:
-                try:
-                    out = list(_store_metrics(store))
-                except sqlite3.Error as e:  # the file replaced or gone: reopen on the next scrape
-                    log.warning("/metrics: reading the store failed: %s", e)
-                    store.close()
-                    self._store = store = None
-                    out = []
-        readable = GaugeMetricFamily("clawproxy_store_readable", "1 when /metrics could read the "
-                                     "store (the judge, trainer and engine metrics come from it).",
-                                     value=1 if store is not None else 0)
-        return [readable, *out]
+            if time.monotonic() - self._read_at >= STORE_READ_INTERVAL_S or self._store is None:
+                self._cached = self._read()
+                self._read_at = time.monotonic()
+            readable = GaugeMetricFamily("clawproxy_store_readable", "1 when /metrics could read the "
+                                         "store (the judge, trainer and engine metrics come from it).",
+                                         value=1 if self._store is not None else 0)
+            return [readable, *self._cached]
+
+    def _read(self) -> list[Metric]:
+        store = self._open()
+        if store is None:
+            return []
+        try:
+            with store.snapshot():
+                return list(_store_metrics(store, self._count_votes(store)))
+        except sqlite3.Error as e:  # the file replaced or gone: reopen on the next scrape
+            log.warning("/metrics: reading the store failed: %s", e)
+            store.close()
+            self._store = None
+            self._votes, self._votes_last_id = {}, 0
+            return []
+
+    def _count_votes(self, store: Store) -> dict[tuple[str, int | None], int]:
+        """Votes by (voter, score): the new ones added to the last count. Within a snapshot, so a
+        total that does not match means votes were deleted: then all are counted again."""
+        for r in store.vote_counts(after_id=self._votes_last_id):
+            key = (r["voter"], r["score"])
+            self._votes[key] = self._votes.get(key, 0) + r["n"]
+            self._votes_last_id = max(self._votes_last_id, r["last_id"])
+        if sum(self._votes.values()) != store.vote_count():
+            self._votes, self._votes_last_id = {}, 0
+            return self._count_votes(store)
+        return self._votes
 
 
-def _store_metrics(store: Store) -> Iterator[Metric]:
+def _store_metrics(store: Store, vote_counts: dict[tuple[str, int | None], int]) -> Iterator[Metric]:
     votes = CounterMetricFamily("clawproxy_judge_votes", "Judge votes by voter and score (1, 0, "
                                 "-1; failed: the voter gave no verdict).", labels=["voter", "score"])
-    for r in store.vote_counts():
-        votes.add_metric([r["voter"], _score(r["score"])], r["n"])
+    for (voter, score), n in sorted(vote_counts.items(), key=str):
+        votes.add_metric([voter, _score(score)], n)
     yield votes
     judged = CounterMetricFamily("clawproxy_judge_judgments", "Judged turns by majority score.",
                                  labels=["score"])

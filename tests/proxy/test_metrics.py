@@ -151,9 +151,9 @@ async def test_a_slow_store_read_never_holds_up_a_request(rig, monkeypatch):
     await rig.wait_recorded(1)
     slow = Store.vote_counts
 
-    def vote_counts(self: Store) -> list[dict[str, Any]]:
+    def vote_counts(self: Store, after_id: int = 0) -> list[dict[str, Any]]:
         time.sleep(1.0)  # a scrape stuck on a big store: the event loop must not wait for it
-        return slow(self)
+        return slow(self, after_id)
 
     monkeypatch.setattr(Store, "vote_counts", vote_counts)
     scrape = asyncio.create_task(_scrape(rig), name="scrape")
@@ -163,6 +163,37 @@ async def test_a_slow_store_read_never_holds_up_a_request(rig, monkeypatch):
     took = time.monotonic() - t0
     assert status == 200 and not scrape.done() and took < 0.5, took
     await scrape
+
+
+async def test_store_read_at_most_once_per_interval_and_votes_counted_across_deletions(rig, monkeypatch):
+    from clawproxy.proxy import metrics
+
+    await rig.chat(_body("creates the store"))
+    await rig.wait_recorded(1)
+    reads = []
+    counts = Store.judgment_counts
+    monkeypatch.setattr(Store, "judgment_counts", lambda self: reads.append(1) or counts(self))
+    store = Store(rig.cfg.db_path)
+    try:
+        _judged(store, [1, 1, 1])
+        ms = await asyncio.gather(*(_scrape(rig) for _ in range(4)))  # four tabs polling at once
+        assert reads == [1] and all(_get(m, "clawproxy_judge_votes_total", voter="lexical", score="1") == 3
+                                    for m in ms)
+        monkeypatch.setattr(metrics, "STORE_READ_INTERVAL_S", 0.0)
+        sid = "gone"
+        store.insert("sessions", {"id": sid, "source": "header", "first_seen": 0, "last_seen": 0})
+        store.update("turns", "id", _judged(store, [-1, -1, 0]), {"session_id": sid})
+        m = await _scrape(rig)
+        assert _get(m, "clawproxy_judge_votes_total", voter="lexical", score="-1") == 2
+        store.delete_session(sid)  # its votes go with it: counted again, not carried over
+        _judged(store, [0, 0, 0])
+        m = await _scrape(rig)
+        assert len(reads) == 3
+    finally:
+        store.close()
+    assert _get(m, "clawproxy_judge_votes_total", voter="lexical", score="-1") is None
+    assert _get(m, "clawproxy_judge_votes_total", voter="lexical", score="0") == 3
+    assert _get(m, "clawproxy_judge_votes_total", voter="lexical", score="1") == 3
 
 
 async def test_metrics_has_the_control_endpoints_access_rules(make_rig):
