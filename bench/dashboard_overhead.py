@@ -12,7 +12,9 @@ are left out and named. Each round measures closed then open, with the same load
 1. C=1 unpaced, 64 chunks: p50/p99 added latency per request (proxy minus direct).
 2. C=16 paced (20 ms x 64 chunks): p50/p99 added latency per chunk.
 
-Figures are medians over rounds; the poller's own request times are printed too.
+Figures are medians over rounds. Beside them, the proxy's own view: quantiles of its
+``clawproxy_added_seconds`` histogram over each phase (interpolated within buckets, as Prometheus'
+``histogram_quantile``), and the poller's request times.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 from _env import reserve_port
+from prometheus_client.parser import text_string_to_metric_families
 from proxy_overhead import Bench, _drain, _pct, _start
 
 from clawproxy.store import Store
@@ -126,6 +129,31 @@ class Poller:
             self.times.setdefault(u, []).extend(v)
 
 
+# -- the proxy's own histogram ---------------------------------------------------------------------
+async def added_buckets(s: aiohttp.ClientSession, proxy: str) -> dict[float, float]:
+    """upper bound -> cumulative count of clawproxy_added_seconds for chat completions."""
+    async with s.get(proxy + "/metrics") as r:
+        text = await r.text()
+    return {float(x.labels["le"]): x.value for fam in text_string_to_metric_families(text)
+            for x in fam.samples if x.name == "clawproxy_added_seconds_bucket"
+            and x.labels["route"] == "/v1/chat/completions"}
+
+
+def hist_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float:
+    """The q-quantile of what was observed between two scrapes, in ms (histogram_quantile's rule)."""
+    bounds = sorted(after)
+    cum = [after[b] - before.get(b, 0.0) for b in bounds]
+    rank = q * cum[-1]
+    lo, below = 0.0, 0.0
+    for b, c in zip(bounds, cum, strict=True):
+        if c >= rank:
+            if b == float("inf"):
+                return lo * 1e3
+            return (lo + (b - lo) * (rank - below) / max(c - below, 1e-9)) * 1e3
+        lo, below = b, c
+    return lo * 1e3
+
+
 # -- the load ----------------------------------------------------------------------------------------
 async def measure(b: Bench, s: aiohttp.ClientSession, direct: str, proxy: str, args: argparse.Namespace,
                   ) -> dict[str, float]:
@@ -171,6 +199,7 @@ async def main_async(args: argparse.Namespace) -> None:
             for rnd in range(args.rounds):
                 for mode in ("closed", "open"):
                     await _drain(s, proxy)
+                    h0 = await added_buckets(s, proxy)
                     if mode == "open":
                         with Poller(proxy, urls, args.tabs, args.hz) as p:
                             fig = await measure(b, s, direct_url, proxy_url, args)
@@ -179,6 +208,8 @@ async def main_async(args: argparse.Namespace) -> None:
                             poll_times.setdefault(u, []).extend(v)
                     else:
                         fig = await measure(b, s, direct_url, proxy_url, args)
+                    h1 = await added_buckets(s, proxy)
+                    fig["own_p50"], fig["own_p99"] = hist_quantile(.5, h0, h1), hist_quantile(.99, h0, h1)
                     for k, v in fig.items():
                         res[mode].setdefault(k, []).append(v)
                     print(f"round {rnd + 1} {mode}: " + ", ".join(f"{k}={v:.3f}" for k, v in fig.items()),
@@ -200,7 +231,8 @@ async def main_async(args: argparse.Namespace) -> None:
         med = {k: statistics.median(v) for k, v in res[mode].items()}
         print(f"  {mode:6}: C=1 unpaced added p50 {med['c1_p50']:.3f} ms, p99 {med['c1_p99']:.3f} ms; "
               f"C={args.paced_streams} paced per chunk added p50 {med['chunk_p50']:.3f} ms, "
-              f"p99 {med['chunk_p99']:.3f} ms")
+              f"p99 {med['chunk_p99']:.3f} ms; the proxy's own histogram, per request: p50 "
+              f"{med['own_p50']:.3f} ms, p99 {med['own_p99']:.3f} ms")
     for u, v in poll_times.items():
         print(f"  poll {u}: {len(v)} requests, p50 {_pct(v, .5) * 1e3:.2f} ms, p99 {_pct(v, .99) * 1e3:.2f} ms")
     print(f"  machine: {os.cpu_count()} CPUs, load average {load0} at start, "

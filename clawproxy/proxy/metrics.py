@@ -70,8 +70,10 @@ class ProxyMetrics:
         self._upstream = Histogram("clawproxy_upstream_seconds", "Time a request spent waiting on "
                                    "the upstream: connect, headers and every body read.", ["route"],
                                    buckets=UPSTREAM_BUCKETS, registry=self.registry)
-        self._added = Histogram("clawproxy_added_seconds", "Time the proxy added to a request: from "
-                                "its body received to its last byte sent, less the upstream's time.",
+        self._added = Histogram("clawproxy_added_seconds", "Time a request spent in the proxy's own "
+                                "work: from its body received to its last byte sent, less the waits "
+                                "on the upstream (an upper bound on the latency it added, as that "
+                                "work overlaps the upstream's generation).",
                                 ["route"], buckets=ADDED_BUCKETS, registry=self.registry)
         # Children cached per label value: labels() validates and locks on every call.
         self._req_children: dict[tuple[str, str], Any] = {}
