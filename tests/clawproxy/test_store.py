@@ -47,3 +47,16 @@ def test_reader_sees_writes_and_cannot_write(tmp_path):
         reader.log_event("nope")
     writer.close()
     reader.close()
+
+
+def test_reader_snapshot_sees_one_state_while_a_writer_commits(tmp_path):
+    writer = Store(tmp_path / "s.db")
+    reader = Store.reader(tmp_path / "s.db")
+    writer.log_event("publish")
+    with reader.snapshot():
+        assert len(reader.events_of("publish")) == 1
+        writer.log_event("publish")  # the writer is not blocked by the reader
+        assert len(reader.events_of("publish")) == 1
+    assert len(reader.events_of("publish")) == 2
+    writer.close()
+    reader.close()
