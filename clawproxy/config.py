@@ -55,7 +55,7 @@ class ProxyConfig:
     )
     control_token: str | None = setting(
         None,
-        "Token for the proxy's own endpoints (/clawproxy/*). Required when the proxy listens off "
+        "Token for the proxy's own endpoints (/clawproxy/*, /metrics). Required when the proxy listens off "
         "loopback: then every request, /v1 included, must carry `Authorization: Bearer <token>` "
         "(removed before forwarding).",
     )

@@ -676,6 +676,69 @@ class Store:
     def skipped_by_reason(self) -> dict[str, int]:
         return {r["reason"]: r["n"] for r in self.query("SELECT reason, COUNT(*) AS n FROM skipped_samples GROUP BY reason")}
 
+    # -- metrics reads (the proxy's /metrics: the judge, trainer and engine run in other processes) --
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one state of the database (a read transaction: no write lock)."""
+        with self._lock:
+            self._conn.execute("BEGIN DEFERRED")
+            try:
+                yield
+            finally:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+
+    def vote_counts(self, after_id: int = 0) -> list[dict[str, Any]]:
+        """Votes with an id above ``after_id`` counted by voter and score (None: a failed vote):
+        voter, score, n, last_id (the highest id in the group). Ids only grow: counts add up."""
+        return self.query(
+            "SELECT voter, score, COUNT(*) AS n, MAX(id) AS last_id FROM votes WHERE id > ? GROUP BY voter, score",
+            (after_id,),
+        )
+
+    def vote_count(self) -> int:
+        return self.query_one("SELECT COUNT(*) AS n FROM votes")["n"]
+
+    def judgment_counts(self) -> dict[int, int]:
+        """Judged turns by majority score."""
+        return {r["score"]: r["n"] for r in self.query("SELECT score, COUNT(*) AS n FROM judgments GROUP BY score")}
+
+    def judge_backlog(self) -> dict[str, Any]:
+        """pending: trainable main turns with a next state and no judgment (what the judge picks);
+        since: when the oldest of them got its next state (its next turn's time), None when none."""
+        return self.query_one(
+            "SELECT COUNT(*) AS pending, MIN(COALESCE(nx.created_at, u.created_at)) AS since "
+            f"FROM ({_UNJUDGED}) u LEFT JOIN turns nx ON nx.id = u.next_turn_id"
+        )
+
+    def step_counts(self) -> dict[str, int]:
+        """Train steps by status (published, gate_failed, error, superseded)."""
+        return {r["status"]: r["n"] for r in self.query("SELECT status, COUNT(*) AS n FROM train_steps GROUP BY status")}
+
+    def trained_sample_count(self) -> int:
+        return self.query_one("SELECT COUNT(*) AS n FROM trained_samples")["n"]
+
+    def last_step_losses(self) -> dict[str, Any] | None:
+        """The newest train step's loss and kl (None where not recorded), or None before any step."""
+        return self.query_one(
+            "SELECT json_extract(metrics, '$.loss') AS loss, json_extract(metrics, '$.kl') AS kl "
+            "FROM train_steps ORDER BY id DESC LIMIT 1"
+        )
+
+    def reload_durations(self) -> list[float]:
+        """Seconds each published step's checkpoint took to reach the engine (metrics.reload_s)."""
+        rows = self.query(
+            "SELECT json_extract(metrics, '$.reload_s') AS s FROM train_steps "
+            "WHERE status = 'published' AND json_extract(metrics, '$.reload_s') IS NOT NULL"
+        )
+        return [float(r["s"]) for r in rows]
+
+    def newest_published(self) -> dict[str, Any] | None:
+        """The serving version and when it was published: version, created_at; None: the base model."""
+        return self.query_one(
+            "SELECT version, created_at FROM checkpoints WHERE status='published' ORDER BY version DESC LIMIT 1"
+        )
+
     def step_count(self) -> int:
         return self.query_one("SELECT COUNT(*) AS n FROM train_steps")["n"]
 

@@ -460,7 +460,9 @@ class Trainer:
         new = Version(version, out_dir, "lora" if self.is_lora else "full")
         try:
             if self.engine is not None:
+                t_reload = time.perf_counter()
                 publish(self.engine, new, self.current, self.base_dir)
+                m["reload_s"] = time.perf_counter() - t_reload  # /metrics: engine reload durations
             else:
                 validate_checkpoint(out_dir, new.kind, self.base_dir)
         except EngineError as e:

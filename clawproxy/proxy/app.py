@@ -37,6 +37,7 @@ from yarl import URL
 
 from clawproxy.config import Config
 from clawproxy.errors import ConfigError, RequestError, openai_error_body
+from clawproxy.proxy.metrics import ProxyMetrics, Timing
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.routing import ModelRouter, router_for
 from clawproxy.proxy.sse import Added, EventFramer, strip_body
@@ -76,6 +77,8 @@ class ProxyStats:
     started_at: float = 0.0
     # Set when the upstream rejected the token fields we add (not vLLM-compatible): stop adding.
     token_fields_refused: bool = False
+    # x-weight-version on the upstream's last chat answer (our engine sends it; vLLM does not).
+    upstream_weight_version: int | None = None
 
 
 CONFIG_KEY = web.AppKey("clawproxy_config", Config)
@@ -85,7 +88,9 @@ READY_KEY = web.AppKey("clawproxy_upstream_ready", object)
 STATS_KEY = web.AppKey("clawproxy_stats", ProxyStats)
 # Request ids: one random prefix per app start plus a counter (uuid4 per request costs a syscall).
 IDS_KEY = web.AppKey("clawproxy_ids", Iterator[str])
-ROUTES_KEY = web.AppKey("clawproxy_routes", Callable[[str], bool])
+ROUTES_KEY = web.AppKey("clawproxy_routes", Callable[[str], str | None])
+METRICS_KEY = web.AppKey("clawproxy_metrics", ProxyMetrics)
+NOT_FORWARDED = "not_forwarded"  # the route label of a path outside the whitelist
 
 
 def server_options(cfg: Config) -> dict[str, Any]:
@@ -101,22 +106,25 @@ def server_options(cfg: Config) -> dict[str, Any]:
             "lingering_time": 1.0}
 
 
-def _route_matcher(extra: list[str]) -> Callable[[str], bool]:
-    """``allowed(raw_path)``; a ``*`` matches within one path segment only."""
+def _route_matcher(extra: list[str]) -> Callable[[str], str | None]:
+    """``route(raw_path)``: the whitelist pattern that admits the path, or None (not forwarded).
+    A ``*`` matches within one path segment only."""
     pats = [*FORWARDED_ROUTES, *extra]
     exact = frozenset(p for p in pats if not any(c in p for c in "*?["))
-    globs = [re.compile(fnmatch.translate(p).replace(".*", "[^/]*")) for p in pats if p not in exact]
+    globs = [(p, re.compile(fnmatch.translate(p).replace(".*", "[^/]*"))) for p in pats if p not in exact]
 
-    def allowed(raw_path: str) -> bool:
+    def route(raw_path: str) -> str | None:
         path = raw_path.split("?", 1)[0]
         # Dot segments (also percent-encoded) could reach another route once the upstream decodes.
         if "." in path or "%" in path:
             if {".", ".."} & set(unquote(path).replace("\\", "/").split("/")):
-                return False
+                return None
         path = path.rstrip("/") or "/"
-        return path in exact or any(g.match(path) for g in globs)
+        if path in exact:
+            return path
+        return next((p for p, g in globs if g.match(path)), None)
 
-    return allowed
+    return route
 
 
 class _ParserNoise(logging.Filter):
@@ -161,6 +169,9 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app[ROUTES_KEY] = _route_matcher(cfg.proxy.extra_routes)
     app[READY_KEY] = upstream_ready
     app[STATS_KEY] = ProxyStats(started_at=time.time())
+    app[METRICS_KEY] = ProxyMetrics(lambda: app[RECORDER_KEY].stats(), lambda: app[STATS_KEY],
+                                    cfg.db_path)
+    app.on_cleanup.append(_close_metrics)
     prefix = uuid.uuid4().hex[:16]
     app[IDS_KEY] = (f"{prefix}-{i}" for i in itertools.count(1))
     app.cleanup_ctx.append(_recorder_ctx)
@@ -170,6 +181,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
         app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
     app.router.add_get("/clawproxy/health", health)
     app.router.add_get("/clawproxy/stats", stats)
+    app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/v1/{tail:.*}", forward)
     app.router.add_route("*", "/v1", forward)
     app.router.add_route("*", "/{tail:.*}", not_found)
@@ -206,6 +218,10 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     await recorder.close()
 
 
+async def _close_metrics(app: web.Application) -> None:
+    await asyncio.to_thread(app[METRICS_KEY].close)  # waits for a scrape still reading the store
+
+
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     p = app[CONFIG_KEY].proxy
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=p.connect_timeout_s,
@@ -230,14 +246,17 @@ def _has_token(request: web.Request, token: str) -> bool:
                                f"Bearer {token}".encode())
 
 
-def _control_denied() -> web.Response:
+def _control_denied(request: web.Request) -> web.Response:
+    if request.app[CONFIG_KEY].proxy.control_token:  # a credential would help: 401, as on /v1
+        return _error(401, "control endpoints need `Authorization: Bearer <proxy.control_token>`",
+                      "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
     return _error(403, "control endpoints need a loopback client or the control token "
                   "(Authorization: Bearer <proxy.control_token>)", "permission_error")
 
 
 async def health(request: web.Request) -> web.Response:
     if not _control_allowed(request):
-        return _control_denied()
+        return _control_denied(request)
     ready = request.app[READY_KEY]
     rec = request.app[RECORDER_KEY]
     rs = rec.stats()
@@ -263,7 +282,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     if not _control_allowed(request):
-        return _control_denied()
+        return _control_denied(request)
     s = request.app[STATS_KEY]
     return _json({
         "requests": s.requests, "chat_requests": s.chat_requests, "errors": s.errors,
@@ -271,6 +290,14 @@ async def stats(request: web.Request) -> web.Response:
         "uptime_s": round(time.time() - s.started_at, 3),
         **request.app[RECORDER_KEY].stats(),
     })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition; the store is read in a worker thread (clawproxy/proxy/metrics.py)."""
+    if not _control_allowed(request):
+        return _control_denied(request)
+    body, content_type = await request.app[METRICS_KEY].render(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def not_found(request: web.Request) -> web.Response:
@@ -496,6 +523,18 @@ class _ClientWatch:
 
 # -- the forwarding handler ----------------------------------------------------------------------
 async def forward(request: web.Request) -> web.StreamResponse:
+    route = request.app[ROUTES_KEY](request.raw_path)
+    t = Timing()
+    status: int | str = "aborted"
+    try:
+        resp = await _forward(request, route, t)
+        status = "aborted" if t.aborted else resp.status
+        return resp
+    finally:
+        request.app[METRICS_KEY].observe(route or NOT_FORWARDED, status, t)
+
+
+async def _forward(request: web.Request, route: str | None, t: Timing) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG_KEY]
     st = app[STATS_KEY]
@@ -505,7 +544,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         st.errors += 1
         return _error(401, "this proxy needs `Authorization: Bearer <proxy.control_token>`",
                       "authentication_error", "invalid_api_key")
-    if not app[ROUTES_KEY](request.raw_path):
+    if route is None:
         st.errors += 1
         return _not_forwarded(request)
     is_chat = request.method == "POST" and request.path in CHAT_PATHS
@@ -520,6 +559,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                           session_headers={k: clean_header(v) for k in SESSION_HEADERS
                                            if (v := request.headers.get(k))})
         body = await _read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
+        t.start = time.perf_counter()
         if cap is not None:
             cap.raw_body = body
             obj = _parse_chat_body(request, body)
@@ -554,13 +594,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
     try:
         if added:
             resp = await _proxy(request, _splice_fields(body, added.logprobs, added.token_ids),
-                                cap, added, watch, need_token)
+                                cap, added, watch, t, need_token)
             if resp is not _REFUSED:
                 return resp
             if cap is not None:
                 cap.http_status = cap.header_weight_version = None
                 cap.chunks.clear()
-            resp = await _proxy(request, body, cap, Added(), watch, need_token)
+            resp = await _proxy(request, body, cap, Added(), watch, t, need_token)
             # Only when the same request succeeds without our fields were they the problem; a
             # 400 about the client's own fields (say, top_logprobs out of range) must not turn
             # token recording off for everyone.
@@ -569,7 +609,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
                             "token ids from now on (set proxy.record_tokens: false to silence this)")
             return resp
-        return await _proxy(request, body, cap, added, watch, need_token)
+        return await _proxy(request, body, cap, added, watch, t, need_token)
     except asyncio.CancelledError:
         st.aborted += 1
         if cap is not None and cap.t_end is None:
@@ -612,11 +652,13 @@ _REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token 
 
 
 async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
-                 watch: _ClientWatch, drop_auth: bool = False,
+                 watch: _ClientWatch, t: Timing, drop_auth: bool = False,
                  rerouted: bool = False) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG_KEY]
     url = URL(cfg.proxy.upstream + request.raw_path, encoded=True)
+    t0 = time.perf_counter()
+    waited = t.upstream_s or 0.0
     try:
         up = await app[UPSTREAM_KEY].request(
             request.method, url, headers=_request_headers(request.headers, drop_auth),
@@ -624,7 +666,9 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
             allow_redirects=False,
         )
     except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        t.upstream_s = waited + time.perf_counter() - t0
         return _upstream_failure(request, cap, e)
+    t.upstream_s = waited + time.perf_counter() - t0
 
     try:
         headers = _end_to_end_headers(up.headers)
@@ -632,19 +676,24 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
         if cap is not None:
             cap.http_status = up.status
             cap.header_weight_version = _int_header(up.headers.get("x-weight-version"))
+            if cap.header_weight_version is not None:
+                app[STATS_KEY].upstream_weight_version = cap.header_weight_version
         strip = added if (cap is not None and up.status < 400) else Added()
         if is_sse:
-            return await _stream(request, up, headers, cap, strip, watch)
+            return await _stream(request, up, headers, cap, strip, watch, t)
+        t0 = time.perf_counter()
         try:
             data = await up.read()
         except (TimeoutError, aiohttp.ClientError) as e:
             return _upstream_failure(request, cap, e)
+        finally:
+            t.upstream_s += time.perf_counter() - t0
         if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
             return _REFUSED  # the caller retries once without the fields we added
         router = app[ROUTER_KEY]
         if cap is not None and router is not None and not rerouted and router.lost(up.status, data):
             up.release()  # vLLM restarted without our adapter: load it again, retry once
-            return await _proxy(request, await router.recover(body), cap, added, watch, drop_auth,
+            return await _proxy(request, await router.recover(body), cap, added, watch, t, drop_auth,
                                 rerouted=True)
         if cap is not None:
             cap.t_first = cap.t_end = time.perf_counter()
@@ -660,7 +709,7 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
 
 
 async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                  cap: Capture | None, strip: Added, watch: _ClientWatch) -> web.StreamResponse:
+                  cap: Capture | None, strip: Added, watch: _ClientWatch, t: Timing) -> web.StreamResponse:
     """Pass the event stream through as it arrives; a copy of each read goes to the capture.
 
     The turn is handed to the recorder (journaled) before the read that holds ``[DONE]`` is
@@ -680,8 +729,11 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
     await resp.prepare(request)
     done = False
     tail = b"\n"
+    waiting: float | None = time.perf_counter()  # since when we wait on the upstream, None: we don't
     try:
         async for data in up.content.iter_any():
+            t.upstream_s += time.perf_counter() - waiting
+            waiting = None
             if not done:
                 # A newline never occurs inside a JSON payload: "[DONE]" in generated text is no end.
                 if DONE in data or DONE in tail[-8:] + data[:8]:
@@ -700,12 +752,16 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
                 _finish(request, cap)
             if data:
                 await resp.write(data)
+            waiting = time.perf_counter()
+        t.upstream_s += time.perf_counter() - waiting
+        waiting = None
         if framer is not None and (rest := framer.flush()):
             await resp.write(rest)
         if not done and up.status < 400:
             raise _StreamCut("upstream closed the stream before [DONE]")
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         request.app[STATS_KEY].aborted += 1
+        t.aborted = True
         up.close()  # cancels the upstream generation
         if cap is not None and cap.t_end is None:
             cap.status, cap.error = "aborted", "client disconnected"
@@ -713,6 +769,8 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
         return resp
     except (TimeoutError, aiohttp.ClientError, _StreamCut) as e:
         # Headers are gone already: tell the client in-band, record the failure, end the stream.
+        if waiting is not None:  # a read timeout is the upstream's time, not ours
+            t.upstream_s += time.perf_counter() - waiting
         up.close()
         if isinstance(e, TimeoutError):
             msg = "upstream stopped sending (read timeout)"

@@ -175,3 +175,16 @@ def test_quarantine_many_is_one_transaction(tmp_path):
         s.quarantine_many([("r2", "fine", None), ("r3", "no record of this type", object())])
     assert s.quarantine_count() == 2
     s.close()
+
+
+def test_reader_snapshot_sees_one_state_while_a_writer_commits(tmp_path):
+    writer = Store(tmp_path / "s.db")
+    reader = Store.reader(tmp_path / "s.db")
+    writer.log_event("publish")
+    with reader.snapshot():
+        assert len(reader.events_of("publish")) == 1
+        writer.log_event("publish")  # the writer is not blocked by the reader
+        assert len(reader.events_of("publish")) == 1
+    assert len(reader.events_of("publish")) == 2
+    writer.close()
+    reader.close()

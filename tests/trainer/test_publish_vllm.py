@@ -39,6 +39,9 @@ def test_full_publish_reloads_vllm_and_a_restart_gets_it_back(rig, tiny_model_di
     v1 = str(cfg.data_path / "checkpoints" / "v1")
     assert _calls(app, "/collective_rpc") == [{"method": "reload_weights", "kwargs": {"weights_path": v1}}]
     assert app[STATE]["weight_version"] == "1" and engine.weight_version() == 1
+    # the reload's own time, apart from writing the checkpoint: /metrics serves it from the store
+    assert 0 < r.metrics["reload_s"] < r.metrics["publish_s"] - r.metrics["save_s"] + 1e-6
+    assert store.reload_durations() == [r.metrics["reload_s"]]
     restart(app)  # vLLM came back on the base model: /weight_info says "default"
     assert ensure_engine_serves(store, engine, tr.base_dir)
     assert app[STATE]["weights_path"] == v1 and engine.weight_version() == 1
