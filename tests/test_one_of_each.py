@@ -76,3 +76,10 @@ def test_one_error_response_and_one_control_guard():
     assert product(where(r"def \w*error_(response|body)\(")) == ["clawproxy/edge.py", "clawproxy/errors.py"]
     assert product(where(r"(?m)compare_digest|^def \w*loopback\w*\(")) == ["clawproxy/edge.py"]
     assert product(where(r"class \w*(BadRequest|Unauthori[sz]ed|Forbidden)\w*\(")) == ["clawproxy/errors.py"]
+
+
+def test_one_json_over_http_client():
+    # EngineClient, the supervisor, the simulator, the judge and the benchmarks share clawproxy/httpjson.py
+    code = [p for p in where(r"urllib\.request|urlopen\(") if p.startswith(("clawproxy/", "judge/", "trainer/", "bench/"))]
+    assert code == ["clawproxy/httpjson.py"]
+    assert product(where(r"def free_port\(")) == []  # a port picked, released and used later is a race
