@@ -39,13 +39,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from _env import reserve_port
 
 from clawproxy.engine.client import EngineClient
+from clawproxy.httpjson import open_url, request_json
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -67,15 +67,13 @@ def stream_body(url: str, body: dict, stop: threading.Event | None = None,
     ``stop`` set: hang up after the next token (a client going away). ``cpu``: the engine's CPU
     seconds, read at the start and at the first token (``ttft_cpu``)."""
     body = {**body, "return_token_ids": True, "stream": True}
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
     cpu0 = cpu() if cpu else 0.0
     ttft_cpu = None
     t0 = time.perf_counter()
     arrivals: list[float] = []
     version = None
     content, calls, prompt_tokens = "", [], 0
-    with urllib.request.urlopen(req, timeout=600) as r:
+    with open_url("POST", url + "/v1/chat/completions", body, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -110,8 +108,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def health(url: str) -> dict:
-    with urllib.request.urlopen(url + "/health", timeout=30) as r:
-        return json.loads(r.read())
+    return request_json("GET", url + "/health", timeout=30)
 
 
 @contextlib.contextmanager

@@ -21,13 +21,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from clawproxy.config import Config
 from clawproxy.engine.client import TRANSIENT, EngineClient
 from clawproxy.errors import ConfigError, EngineError, StoreError
+from clawproxy.httpjson import answers_ok
 
 log = logging.getLogger("clawproxy")
 
@@ -102,7 +102,7 @@ class Child:
             self.ready.set()
             return
         while True:
-            ok = await asyncio.to_thread(_http_ok, self.health_url)
+            ok = await asyncio.to_thread(answers_ok, self.health_url)
             if ok:
                 self.ready.set()
                 return
@@ -123,19 +123,6 @@ class Child:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-# Readiness probes go straight to the child: urlopen would send even 127.0.0.1 through
-# $http_proxy unless $no_proxy lists it, and the engine would never count as ready.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with _OPENER.open(url, timeout=2) as r:
-            return r.status == 200
-    except Exception:
-        return False
 
 
 LOG_MAX_BYTES = 10 * 1024 * 1024

@@ -17,16 +17,15 @@ later reaction belongs to the next turn). Rules do not improve with sampling, so
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clawproxy.config import strip_v1
+from clawproxy.errors import UpstreamError
+from clawproxy.httpjson import request_json
 from judge.extract import JudgeInput
 from judge.hints import feedback_hint
 from judge.lexical import cues, lexical_score, tool_failed
@@ -216,13 +215,10 @@ class LLMVoter:
         self.api_key = api_key
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        headers = {"content-type": "application/json"}
-        if self.api_key:
-            headers["authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            return json.loads(resp.read())
+        out = request_json(method, self.base_url + path, body, token=self.api_key, timeout=self.timeout_s)
+        if not isinstance(out, dict):
+            raise ValueError(f"{path} answered {str(out)[:200]!r}, not a JSON object")
+        return out
 
     def _model_name(self) -> str:
         if self.model is None:
@@ -251,8 +247,8 @@ class LLMVoter:
             return tool_vote(inp)
         try:
             raw = self.complete(render_prompt(inp))
-        except (urllib.error.URLError, OSError) as e:  # HTTPError, refused, timeout
-            raise VoterUnavailable(f"{self.base_url}: {e}") from e
+        except UpstreamError as e:  # an error status, refused, timed out
+            raise VoterUnavailable(f"{self.base_url}: {e.message}") from e
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
             return Vote(None, raw=None, error=f"{type(e).__name__}: {e}")
         try:

@@ -21,6 +21,7 @@ SHARED = {
     "clawproxy.errors",
     "clawproxy.openclaw",  # OpenClaw's wire rules
     "clawproxy.engine.client",  # EngineClient, for our engine and vLLM alike
+    "clawproxy.httpjson",  # the one JSON-over-HTTP helper (EngineClient's; the LLM judge's too)
     "clawproxy.config", "clawproxy.fields", "clawproxy.cli_options",  # config types and CLI options
     "clawproxy.degenerate",  # what a looping generation is
     "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)

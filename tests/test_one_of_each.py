@@ -59,3 +59,24 @@ SQL = (r"\b(SELECT|INSERT (OR \w+ )?INTO|UPDATE \w+ SET|DELETE FROM|CREATE (TABL
 def test_sql_only_in_the_store():
     product = [p for p in where(SQL) if p.startswith(("clawproxy/", "judge/", "trainer/"))]
     assert product == ["clawproxy/store.py"]
+
+
+def product(paths: list[str]) -> list[str]:
+    return [p for p in paths if p.startswith(("clawproxy/", "judge/", "trainer/"))]
+
+
+def test_one_error_response_and_one_control_guard():
+    # the proxy and the engine answer every error through clawproxy/edge.py (the body from
+    # clawproxy/errors.py) and guard their control routes with its one check
+    assert product(where(r"(?<!`)\{\s*[\"']error[\"']\s*:\s*\{")) == ["clawproxy/errors.py"]  # {"error": {...}}
+    assert product(where(r"json_response\([^)]*[\"']error")) == []
+    assert product(where(r"def \w*error_(response|body)\(")) == ["clawproxy/edge.py", "clawproxy/errors.py"]
+    assert product(where(r"(?m)compare_digest|^def \w*loopback\w*\(")) == ["clawproxy/edge.py"]
+    assert product(where(r"class \w*(BadRequest|Unauthori[sz]ed|Forbidden)\w*\(")) == ["clawproxy/errors.py"]
+
+
+def test_one_json_over_http_client():
+    # EngineClient, the supervisor, the simulator, the judge and the benchmarks share clawproxy/httpjson.py
+    code = [p for p in where(r"urllib\.request|urlopen\(") if p.startswith(("clawproxy/", "judge/", "trainer/", "bench/"))]
+    assert code == ["clawproxy/httpjson.py"]
+    assert product(where(r"def free_port\(")) == []  # a port picked, released and used later is a race

@@ -4,8 +4,8 @@ The trainer (and the CLI) drive weight updates through this class whether the up
 embedded engine or a vLLM server, so the CPU path exercises the same sequence a GPU deployment
 runs: pause in ``keep`` mode, reload from a checkpoint directory, reset the prefix cache, resume.
 
-It uses only the standard library (``urllib``) and never imports torch: the proxy path and the
-CLI must stay light.
+It speaks JSON over HTTP through ``clawproxy/httpjson.py`` (standard library only) and never imports
+torch: the proxy path and the CLI must stay light.
 
 Routes, as read in the vLLM 0.33.0 wheel (``vllm/entrypoints/...``); vLLM >= 0.16.0 is required
 (``MIN_VLLM``): 0.15 has no ``keep`` pause and its ``reload_weights`` takes no path.
@@ -47,21 +47,15 @@ checkpoint before asking for it and reload the last good one after any failure
 from __future__ import annotations
 
 import itertools
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any, Literal
 
 from clawproxy.errors import EngineError
+from clawproxy.httpjson import request_json
 
 PauseMode = Literal["keep", "wait", "abort"]
 MIN_VLLM = (0, 16, 0)
 # statuses that say "try again later", not "this checkpoint is bad" (502/504: a proxy in between)
 TRANSIENT = frozenset({502, 503, 504})
-# The engine is ours to reach directly, like the proxy does (aiohttp ignores proxy variables):
-# urlopen would send even 127.0.0.1 through $http_proxy unless $no_proxy lists it.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class EngineClient:
@@ -115,36 +109,8 @@ class EngineClient:
         timeout: float | None = None,
     ) -> Any:
         """Send one request; return the decoded JSON body (None when empty); raise EngineError."""
-        url = self.base_url + path
-        if query:
-            url += "?" + urllib.parse.urlencode(query)
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(url, data=data, headers=headers, method=method)
-        try:
-            with _OPENER.open(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as err:
-            raw = err.read()
-            raise EngineError(
-                f"{method} {path} refused ({err.code}): {_error_message(raw) or err.reason}",
-                status=err.code,
-            ) from None
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise EngineError(
-                f"{method} {path}: engine at {self.base_url} unreachable: {reason}", status=503
-            ) from None
-        if not raw.strip():
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw.decode(errors="replace")
+        return request_json(method, self.base_url + path, body, token=self.token,
+                            timeout=timeout or self.timeout, query=query, error=EngineError)
 
     # -- verbs ------------------------------------------------------------------------------
 
@@ -339,27 +305,3 @@ def _version_tuple(text: str) -> tuple[int, ...] | None:
             break
         parts.append(int(digits))
     return tuple(parts) if parts else None
-
-
-def _error_message(raw: bytes) -> str:
-    """Pull the human message out of any error shape the two engines use.
-
-    OpenAI/vLLM ``{"error": {"message": ...}}``, vLLM dev routes ``{"error": "..."}``, FastAPI
-    ``{"detail": ...}``, older vLLM ``{"object": "error", "message": ...}``.
-    """
-    text = raw.decode(errors="replace").strip()
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text[:500]
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if body.get("detail") is not None:
-            return str(body["detail"])
-        if body.get("message"):
-            return str(body["message"])
-    return text[:500]

@@ -27,14 +27,13 @@ call vLLM users make to reload from disk), ``POST /v1/load_lora_adapter``
 weights), and ours: ``POST /reload_weights {"weights_path", "weight_version"}`` and
 ``GET /weight_info`` -> ``{"weight_version": N}`` (the route newer vLLM uses for its version
 string; ours is an integer). Control routes are open to loopback clients only, unless a control
-token is set, in which case ``Authorization: Bearer <token>`` is required from everyone.
+token is set, in which case ``Authorization: Bearer <token>`` is required from everyone (the guard
+the proxy uses too, ``clawproxy/edge.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import time
@@ -46,9 +45,10 @@ from typing import Any
 from aiohttp import web
 
 from clawproxy.chat_template import render_chat
+from clawproxy.edge import control_route, error_response
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
 from clawproxy.engine.tools import ToolCallStreamParser
-from clawproxy.errors import EngineError, openai_error_body
+from clawproxy.errors import ClawproxyError, RequestError, error_body
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,8 @@ ENGINE = web.AppKey("engine", Engine)
 SETTINGS = web.AppKey("settings", ServerSettings)
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
-
-
-def error_response(message: str, status: int = 400, param: str | None = None,
-                   type_: str = "BadRequestError") -> web.Response:
-    body = openai_error_body(message, type_, param=param)
-    body["error"]["code"] = status
-    return web.json_response(body, status=status)
+def _error(err: ClawproxyError) -> web.Response:
+    return error_response(err, vllm=True)
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> web.Application:
@@ -116,7 +107,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> web.Application:
         ("GET", "/weight_info", weight_info),
         ("GET", "/get_weight_version", weight_info),
     ):
-        app.router.add_route(method, path, _control(handler))
+        app.router.add_route(method, path, control_route(
+            handler, lambda r: r.app[SETTINGS].control_token, "--control-token", vllm=True))
     return app
 
 
@@ -164,11 +156,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         body = await request.json()
     except (ValueError, UnicodeDecodeError) as err:
-        return error_response(f"request body is not valid JSON: {err}")
+        return _error(RequestError(f"request body is not valid JSON: {err}"))
     try:
         job = await asyncio.to_thread(_prepare, engine, settings, body)
-    except BadRequest as err:
-        return error_response(err.message, err.status, err.param)
+    except RequestError as err:
+        return _error(err)
 
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[StepEvent] = asyncio.Queue()
@@ -195,16 +187,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
     """Validate the request (OpenAI + vLLM extras) and render the prompt with the chat template."""
     if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+        raise RequestError("request body must be a JSON object")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list", "messages")
+        raise RequestError("'messages' must be a non-empty list", param="messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise BadRequest(f"messages[{i}] needs a role of system, user, assistant or tool", "messages")
+            raise RequestError(f"messages[{i}] needs a role of system, user, assistant or tool", param="messages")
     n = body.get("n", 1)
     if n not in (1, None):
-        raise BadRequest("only n=1 is supported", "n")
+        raise RequestError("only n=1 is supported", param="n")
     dflt = settings.sampling_defaults
     temperature = _number(body, "temperature", dflt.get("temperature", 1.0), 0.0, 2.0)
     top_p = _number(body, "top_p", dflt.get("top_p", 1.0), 0.0, 1.0)
@@ -213,38 +205,38 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
     frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
     presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     if top_p <= 0.0:
-        raise BadRequest("top_p must be in (0, 1]", "top_p")
+        raise RequestError("top_p must be in (0, 1]", param="top_p")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise BadRequest("max_tokens must be a positive integer", "max_tokens")
+        raise RequestError("max_tokens must be a positive integer", param="max_tokens")
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise BadRequest("'stop' must be a string or a list of non-empty strings", "stop")
+        raise RequestError("'stop' must be a string or a list of non-empty strings", param="stop")
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise BadRequest("seed must be an integer", "seed")
+        raise RequestError("seed must be an integer", param="seed")
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
-        raise BadRequest("logprobs must be a boolean", "logprobs")
+        raise RequestError("logprobs must be a boolean", param="logprobs")
     top_logprobs = body.get("top_logprobs") or 0
     if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= 20:
-        raise BadRequest("top_logprobs must be an integer between 0 and 20", "top_logprobs")
+        raise RequestError("top_logprobs must be an integer between 0 and 20", param="top_logprobs")
     if top_logprobs and not logprobs:
-        raise BadRequest("top_logprobs requires logprobs=true", "top_logprobs")
+        raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     tools = body.get("tools") or None
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("'tools' must be a list of tool objects", "tools")
+        raise RequestError("'tools' must be a list of tool objects", param="tools")
     tool_choice = body.get("tool_choice", "auto")
     if tool_choice == "none":
         tools = None
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
-        raise BadRequest("stream_options must be an object", "stream_options")
+        raise RequestError("stream_options must be an object", param="stream_options")
     template_kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(template_kwargs, dict):
-        raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
+        raise RequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
 
     tokenizer = engine.tokenizer
     try:
@@ -256,17 +248,17 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
             **template_kwargs,
         )
     except Exception as err:  # jinja errors, templates that reject a role order...
-        raise BadRequest(f"the chat template could not render these messages: {err}", "messages") from None
+        raise RequestError(f"the chat template could not render these messages: {err}", param="messages") from None
     with engine.tokenizer_lock:
         prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     room = settings.max_model_len - len(prompt_ids)
     if room < 1 or (max_tokens is not None and max_tokens > room):
         asked = max_tokens or 1
-        raise BadRequest(
+        raise RequestError(
             f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
             f"requested {len(prompt_ids) + asked} tokens ({len(prompt_ids)} in the messages, "
             f"{asked} in the completion). Please reduce the length of the messages or completion.",
-            "messages",
+            param="messages",
         )
     if max_tokens is None:
         max_tokens = room if settings.default_max_tokens is None else min(room, settings.default_max_tokens)
@@ -298,7 +290,7 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
     if value is None:
         return default
     if not isinstance(value, int | float) or isinstance(value, bool) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be a number between {lo} and {hi}", key)
+        raise RequestError(f"{key} must be a number between {lo} and {hi}", param=key)
     return float(value)
 
 
@@ -399,8 +391,7 @@ async def _write_stream(
         version = ev.weight_version
         n_completion += len(ev.token_ids)
         if ev.error:
-            await resp.write(_sse({"error": {"message": ev.error, "type": "InternalServerError",
-                                             "param": None, "code": 500}}))
+            await resp.write(_sse(error_body(ClawproxyError(ev.error), vllm=True)))
             break
         parsed = parser.feed(ev.text)
         if ev.finish_reason is not None:
@@ -450,7 +441,7 @@ async def _complete(
         ev = await queue.get()
         events.append(ev)
         if ev.error:
-            return error_response(ev.error, 500, type_="InternalServerError")
+            return _error(ClawproxyError(ev.error))
         if ev.finish_reason is not None:
             break
     token_ids = [t for ev in events for t in ev.token_ids]
@@ -498,53 +489,22 @@ async def _complete(
 # -- control routes -------------------------------------------------------------------------
 
 
-def _control(handler):
-    """Guard a control route: loopback clients only, or a valid bearer token when one is set."""
-
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        token = request.app[SETTINGS].control_token
-        if token:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return error_response("control verbs need Authorization: Bearer <control token>",
-                                      401, type_="AuthenticationError")
-        elif not _is_loopback(request.remote):
-            return error_response(
-                "control verbs are open to loopback clients only; start the engine with "
-                "--control-token to allow others", 403, type_="PermissionDeniedError")
-        try:
-            return await handler(request)
-        except EngineError as err:
-            return error_response(err.message, err.status, type_=err.code or err.type)
-        except BadRequest as err:
-            return error_response(err.message, err.status, err.param)
-
-    return guarded
-
-
-def _is_loopback(remote: str | None) -> bool:
-    try:
-        return remote is not None and ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False
-
-
 async def _json_body(request: web.Request) -> dict[str, Any]:
     if not request.can_read_body:
         return {}
     try:
         body = await request.json()
     except ValueError as err:
-        raise BadRequest(f"request body is not valid JSON: {err}") from None
+        raise RequestError(f"request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+        raise RequestError("request body must be a JSON object")
     return body
 
 
 async def pause(request: web.Request) -> web.Response:
     mode = request.query.get("mode", "abort")  # vLLM's default mode is abort
     if mode not in ("keep", "wait", "abort"):
-        raise BadRequest(f"mode={mode!r}: use keep, wait or abort", "mode")
+        raise RequestError(f"mode={mode!r}: use keep, wait or abort", param="mode")
     await asyncio.to_thread(request.app[ENGINE].pause, mode)
     return web.json_response({"status": "paused", "mode": mode})
 
@@ -570,7 +530,7 @@ async def weight_info(request: web.Request) -> web.Response:
 def _version_arg(body: dict[str, Any]) -> int | None:
     version = body.get("weight_version", body.get("version"))
     if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-        raise BadRequest("weight_version must be an integer", "weight_version")
+        raise RequestError("weight_version must be an integer", param="weight_version")
     return version
 
 
@@ -578,7 +538,7 @@ async def reload_weights(request: web.Request) -> web.Response:
     body = await _json_body(request)
     path = body.get("weights_path", body.get("path"))
     if not isinstance(path, str) or not path:
-        raise BadRequest("'weights_path' (a checkpoint directory) is required", "weights_path")
+        raise RequestError("'weights_path' (a checkpoint directory) is required", param="weights_path")
     version = await asyncio.to_thread(request.app[ENGINE].reload_full, Path(path), _version_arg(body))
     return web.json_response({"status": "ok", "weight_version": version})
 
@@ -586,11 +546,11 @@ async def reload_weights(request: web.Request) -> web.Response:
 async def collective_rpc(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if body.get("method") != "reload_weights":
-        raise BadRequest("this engine supports collective_rpc method 'reload_weights' only", "method")
+        raise RequestError("this engine supports collective_rpc method 'reload_weights' only", param="method")
     kwargs = body.get("kwargs") or {}
     path = kwargs.get("weights_path")
     if not isinstance(path, str) or not path:
-        raise BadRequest("kwargs.weights_path (a checkpoint directory) is required", "kwargs")
+        raise RequestError("kwargs.weights_path (a checkpoint directory) is required", param="kwargs")
     version = await asyncio.to_thread(request.app[ENGINE].reload_full, Path(path), _version_arg(kwargs))
     return web.json_response({"results": [None], "weight_version": version})
 
@@ -599,7 +559,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await _json_body(request)
     path = body.get("lora_path")
     if not isinstance(path, str) or not path:
-        raise BadRequest("'lora_path' (a PEFT adapter directory) is required", "lora_path")
+        raise RequestError("'lora_path' (a PEFT adapter directory) is required", param="lora_path")
     version = await asyncio.to_thread(request.app[ENGINE].load_lora, Path(path), _version_arg(body))
     name = body.get("lora_name", "adapter")
     return web.json_response(

@@ -6,8 +6,8 @@ Only when we added fields the client did not ask for are events re-framed and th
 those fields re-serialized. Raw bytes are appended to a ``Capture``; parsing, session tracking and
 SQLite all happen later in the recorder (``recorder.py``), never between two chunks.
 
-``create_app`` is self-contained: ``clawproxy start`` (the supervisor) and the tests both just call
-it and run the app (``run_proxy`` does that with the settings we recommend).
+``create_app`` is self-contained: ``clawproxy start`` (the supervisor), ``run_proxy`` and the tests
+all call it and run the app with ``server_options``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
-import hmac
 import itertools
 import logging
 import re
@@ -36,7 +35,18 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from clawproxy.config import Config
-from clawproxy.errors import ConfigError, RequestError, openai_error_body
+from clawproxy.edge import control_route, error_response, has_bearer
+from clawproxy.errors import (
+    ClawproxyError,
+    ConfigError,
+    NotFound,
+    RequestError,
+    Unauthorized,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_body,
+)
 from clawproxy.proxy.metrics import ProxyMetrics, Timing
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.routing import ModelRouter, router_for
@@ -58,8 +68,6 @@ HOP_BY_HOP = frozenset({
     "content-encoding", "accept-encoding",
 })
 SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
-LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-WATCH_INTERVAL_S = 0.25
 SWITCH_INTERVAL_S = 0.0005
 DONE = b"[DONE]"
 _DONE_EVENT = re.compile(rb"[\r\n]data: ?\[DONE\]")
@@ -98,12 +106,14 @@ def server_options(cfg: Config) -> dict[str, Any]:
 
     The proxy decompresses request bodies itself, bounded while streaming; ``keepalive_timeout``
     also closes a connection that has not sent a complete request in that time (aiohttp arms it
-    when the connection opens), which bounds slow or stuck headers.
+    when the connection opens), which bounds slow or stuck headers. ``handler_cancellation``: a
+    client that hangs up cancels its handler, which closes the upstream request (the generation
+    stops) and records the turn as aborted.
     """
     # lingering_time: after an early 4xx, aiohttp drains the unread body so the client sees the
     # answer rather than a reset; bounded, since a slow client would keep the connection.
     return {"auto_decompress": False, "keepalive_timeout": cfg.proxy.header_timeout_s,
-            "lingering_time": 1.0}
+            "lingering_time": 1.0, "handler_cancellation": True}
 
 
 def _route_matcher(extra: list[str]) -> Callable[[str], str | None]:
@@ -179,9 +189,9 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app[ROUTER_KEY] = router_for(cfg)
     if app[ROUTER_KEY] is not None:
         app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
-    app.router.add_get("/clawproxy/health", health)
-    app.router.add_get("/clawproxy/stats", stats)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/clawproxy/health", _control(health))
+    app.router.add_get("/clawproxy/stats", _control(stats))
+    app.router.add_get("/metrics", _control(metrics))
     app.router.add_route("*", "/v1/{tail:.*}", forward)
     app.router.add_route("*", "/v1", forward)
     app.router.add_route("*", "/{tail:.*}", not_found)
@@ -197,7 +207,6 @@ def run_proxy(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) 
         loop=aio.new_event_loop(),
         host=cfg.proxy.host,
         port=cfg.proxy.port,
-        handler_cancellation=True,
         access_log=None,
         **server_options(cfg),
         print=lambda *_: log.info("proxy on http://%s:%d/v1 -> %s (%s)", cfg.proxy.host,
@@ -234,29 +243,12 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 # -- control endpoints ---------------------------------------------------------------------------
-def _control_allowed(request: web.Request) -> bool:
-    token = request.app[CONFIG_KEY].proxy.control_token
-    if token:
-        return _has_token(request, token)
-    return (request.remote or "") in LOOPBACK or (request.remote or "").startswith("127.")
-
-
-def _has_token(request: web.Request, token: str) -> bool:
-    return hmac.compare_digest(request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
-                               f"Bearer {token}".encode())
-
-
-def _control_denied(request: web.Request) -> web.Response:
-    if request.app[CONFIG_KEY].proxy.control_token:  # a credential would help: 401, as on /v1
-        return _error(401, "control endpoints need `Authorization: Bearer <proxy.control_token>`",
-                      "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-    return _error(403, "control endpoints need a loopback client or the control token "
-                  "(Authorization: Bearer <proxy.control_token>)", "permission_error")
+def _control(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+    """A /clawproxy/* route behind the guard the engine uses too (clawproxy/edge.py)."""
+    return control_route(handler, lambda r: r.app[CONFIG_KEY].proxy.control_token, "proxy.control_token")
 
 
 async def health(request: web.Request) -> web.Response:
-    if not _control_allowed(request):
-        return _control_denied(request)
     ready = request.app[READY_KEY]
     rec = request.app[RECORDER_KEY]
     rs = rec.stats()
@@ -281,8 +273,6 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    if not _control_allowed(request):
-        return _control_denied(request)
     s = request.app[STATS_KEY]
     return _json({
         "requests": s.requests, "chat_requests": s.chat_requests, "errors": s.errors,
@@ -294,33 +284,25 @@ async def stats(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus exposition; the store is read in a worker thread (clawproxy/proxy/metrics.py)."""
-    if not _control_allowed(request):
-        return _control_denied(request)
     body, content_type = await request.app[METRICS_KEY].render(request.headers.get("Accept"))
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def not_found(request: web.Request) -> web.Response:
-    return _error(404, f"{request.path} is not served here: the API is under /v1/, the proxy's "
-                  "own endpoints under /clawproxy/", "not_found_error", "not_found")
+    return error_response(NotFound(f"{request.path} is not served here: the API is under /v1/, the "
+                                   "proxy's own endpoints under /clawproxy/"))
 
 
 def _not_forwarded(request: web.Request) -> web.Response:
-    return _error(404, f"{request.path} is not forwarded by clawproxy (it serves chat/completions, "
-                  "completions, models, embeddings, responses; add more with proxy.extra_routes). "
-                  "Engine control verbs are only on the engine's own port.", "not_found_error",
-                  "not_found")
+    return error_response(NotFound(
+        f"{request.path} is not forwarded by clawproxy (it serves chat/completions, completions, "
+        "models, embeddings, responses; add more with proxy.extra_routes). Engine control verbs "
+        "are only on the engine's own port."))
 
 
 # -- helpers -------------------------------------------------------------------------------------
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
-
-
-def _error(status: int, message: str, type_: str, code: str | None = None,
-           headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(openai_error_body(message, type_, code)),
-                        content_type="application/json", headers=headers)
 
 
 def _request_headers(h: CIMultiDictProxy[str], drop_auth: bool = False) -> CIMultiDict[str]:
@@ -486,41 +468,6 @@ def _int_header(value: str | None) -> int | None:
         return None
 
 
-class _ClientWatch:
-    """Notices a vanished client while we wait on the upstream, and cancels the handler.
-
-    aiohttp only cancels handlers on disconnect when run with ``handler_cancellation=True``;
-    this makes the proxy behave the same under any runner the supervisor picks.
-    """
-
-    __slots__ = ("done", "gone", "_request", "_task", "_watcher")
-
-    def __init__(self, request: web.Request, rid: str):
-        self.gone = False
-        self.done = False  # set by the handler once it is finishing: no cancel after that
-        self._request = request
-        self._task = asyncio.current_task()
-        self._watcher = asyncio.create_task(self._run(), name=f"clawproxy-client-watch-{rid}")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-            tr = self._request.transport
-            if self.done:
-                return
-            if tr is None or tr.is_closing():
-                self.gone = True
-                if self._task is not None:
-                    self._task.cancel()
-                return
-
-    async def stop(self) -> None:
-        self.done = True
-        self._watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._watcher
-
-
 # -- the forwarding handler ----------------------------------------------------------------------
 async def forward(request: web.Request) -> web.StreamResponse:
     route = request.app[ROUTES_KEY](request.raw_path)
@@ -540,10 +487,9 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
     st = app[STATS_KEY]
     st.requests += 1
     need_token = not cfg.proxy.is_loopback
-    if need_token and not _has_token(request, cfg.proxy.control_token or ""):
+    if need_token and not has_bearer(request, cfg.proxy.control_token or ""):
         st.errors += 1
-        return _error(401, "this proxy needs `Authorization: Bearer <proxy.control_token>`",
-                      "authentication_error", "invalid_api_key")
+        return error_response(Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`"))
     if route is None:
         st.errors += 1
         return _not_forwarded(request)
@@ -574,7 +520,7 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
         if cap is not None:
             cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
             app[RECORDER_KEY].submit(cap)
-        resp = _error(e.status, e.message, e.type, e.code)
+        resp = error_response(e)
         if e.code in _UNREAD_BODY:
             resp.force_close()  # the rest of the body is still on the wire: drop the connection
         return resp
@@ -585,22 +531,21 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
             cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
             cap.error = f"proxy error: {type(e).__name__}: {e}"
             app[RECORDER_KEY].submit(cap)
-        resp = _error(500, "internal proxy error; see the clawproxy log", "server_error")
+        resp = error_response(_INTERNAL)
         resp.force_close()
         return resp
 
     st.in_flight += 1
-    watch = _ClientWatch(request, rid)
     try:
         if added:
             resp = await _proxy(request, _splice_fields(body, added.logprobs, added.token_ids),
-                                cap, added, watch, t, need_token)
+                                cap, added, t, need_token)
             if resp is not _REFUSED:
                 return resp
             if cap is not None:
                 cap.http_status = cap.header_weight_version = None
                 cap.chunks.clear()
-            resp = await _proxy(request, body, cap, Added(), watch, t, need_token)
+            resp = await _proxy(request, body, cap, Added(), t, need_token)
             # Only when the same request succeeds without our fields were they the problem; a
             # 400 about the client's own fields (say, top_logprobs out of range) must not turn
             # token recording off for everyone.
@@ -609,13 +554,20 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
                 log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
                             "token ids from now on (set proxy.record_tokens: false to silence this)")
             return resp
-        return await _proxy(request, body, cap, added, watch, t, need_token)
-    except asyncio.CancelledError:
+        return await _proxy(request, body, cap, added, t, need_token)
+    except asyncio.CancelledError:  # the client hung up (server_options: handler_cancellation)
         st.aborted += 1
         if cap is not None and cap.t_end is None:
             cap.status, cap.error, cap.t_end = "aborted", "client disconnected", time.perf_counter()
             app[RECORDER_KEY].submit(cap)
         raise
+    except UpstreamError as e:
+        log.warning("upstream failure (%d): %s", e.status, e.message)
+        st.errors += 1
+        if cap is not None:
+            cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
+            app[RECORDER_KEY].submit(cap)
+        return error_response(e)
     except Exception as e:  # a bug of ours: logged with its traceback, never shown to the client
         log.exception("proxy error on %s %s", request.method, request.path)
         st.errors += 1
@@ -623,37 +575,28 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
             cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
             cap.error = f"proxy error: {type(e).__name__}: {e}"
             app[RECORDER_KEY].submit(cap)
-        return _error(500, "internal proxy error; see the clawproxy log", "server_error")
+        return error_response(_INTERNAL)
     finally:
         st.in_flight -= 1
-        await watch.stop()
 
 
-def _upstream_failure(request: web.Request, cap: Capture | None, exc: BaseException) -> web.Response:
-    app = request.app
-    app[STATS_KEY].errors += 1
-    ready = app[READY_KEY]
+_INTERNAL = ClawproxyError("internal proxy error; see the clawproxy log")
+
+
+def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
     if isinstance(exc, TimeoutError):
-        status, msg, type_, headers = 504, "upstream did not answer in time", "upstream_timeout", None
-    elif callable(ready) and isinstance(exc, aiohttp.ClientConnectorError) and not ready():
-        status, msg, type_, headers = (503, "the model server is restarting; retry shortly",
-                                       "upstream_unavailable", {"Retry-After": "1"})
-    else:
-        status, msg, type_, headers = (502, f"upstream unreachable: {type(exc).__name__}: {exc}",
-                                       "upstream_error", None)
-    log.warning("upstream failure (%d): %s", status, msg)
-    if cap is not None:
-        cap.status, cap.http_status, cap.error, cap.t_end = "error", status, msg, time.perf_counter()
-        app[RECORDER_KEY].submit(cap)
-    return _error(status, msg, type_, headers=headers)
+        return UpstreamTimeout("upstream did not answer in time")
+    ready = request.app[READY_KEY]
+    if callable(ready) and isinstance(exc, aiohttp.ClientConnectorError) and not ready():
+        return UpstreamUnavailable("the model server is restarting; retry shortly")
+    return UpstreamError(f"upstream unreachable: {type(exc).__name__}: {exc}")
 
 
 _REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token fields
 
 
 async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
-                 watch: _ClientWatch, t: Timing, drop_auth: bool = False,
-                 rerouted: bool = False) -> web.StreamResponse:
+                 t: Timing, drop_auth: bool = False, rerouted: bool = False) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG_KEY]
     url = URL(cfg.proxy.upstream + request.raw_path, encoded=True)
@@ -667,7 +610,7 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
         )
     except (TimeoutError, aiohttp.ClientError, OSError) as e:
         t.upstream_s = waited + time.perf_counter() - t0
-        return _upstream_failure(request, cap, e)
+        raise _upstream_error(request, e) from e
     t.upstream_s = waited + time.perf_counter() - t0
 
     try:
@@ -680,12 +623,12 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
                 app[STATS_KEY].upstream_weight_version = cap.header_weight_version
         strip = added if (cap is not None and up.status < 400) else Added()
         if is_sse:
-            return await _stream(request, up, headers, cap, strip, watch, t)
+            return await _stream(request, up, headers, cap, strip, t)
         t0 = time.perf_counter()
         try:
             data = await up.read()
         except (TimeoutError, aiohttp.ClientError) as e:
-            return _upstream_failure(request, cap, e)
+            raise _upstream_error(request, e) from e
         finally:
             t.upstream_s += time.perf_counter() - t0
         if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
@@ -693,7 +636,7 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
         router = app[ROUTER_KEY]
         if cap is not None and router is not None and not rerouted and router.lost(up.status, data):
             up.release()  # vLLM restarted without our adapter: load it again, retry once
-            return await _proxy(request, await router.recover(body), cap, added, watch, t, drop_auth,
+            return await _proxy(request, await router.recover(body), cap, added, t, drop_auth,
                                 rerouted=True)
         if cap is not None:
             cap.t_first = cap.t_end = time.perf_counter()
@@ -709,7 +652,7 @@ async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: 
 
 
 async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                  cap: Capture | None, strip: Added, watch: _ClientWatch, t: Timing) -> web.StreamResponse:
+                  cap: Capture | None, strip: Added, t: Timing) -> web.StreamResponse:
     """Pass the event stream through as it arrives; a copy of each read goes to the capture.
 
     The turn is handed to the recorder (journaled) before the read that holds ``[DONE]`` is
@@ -759,6 +702,9 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
             await resp.write(rest)
         if not done and up.status < 400:
             raise _StreamCut("upstream closed the stream before [DONE]")
+    except asyncio.CancelledError:
+        up.close()  # the client hung up: end the upstream generation now; forward() records it
+        raise
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         request.app[STATS_KEY].aborted += 1
         t.aborted = True
@@ -773,19 +719,19 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
             t.upstream_s += time.perf_counter() - waiting
         up.close()
         if isinstance(e, TimeoutError):
-            msg = "upstream stopped sending (read timeout)"
+            err: UpstreamError = UpstreamTimeout("upstream stopped sending (read timeout)")
         elif isinstance(e, _StreamCut):
-            msg = str(e)
+            err = UpstreamError(str(e))
         else:
-            msg = f"upstream stream failed: {type(e).__name__}: {e}"
+            err = UpstreamError(f"upstream stream failed: {type(e).__name__}: {e}")
+        msg = err.message
         log.warning("%s", msg)
         request.app[STATS_KEY].errors += 1
         if cap is not None and cap.t_end is None:
             cap.status, cap.error = "error", msg
         _finish(request, cap)
         with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-            await resp.write(b"data: " + orjson.dumps(openai_error_body(msg, "upstream_error"))
-                             + b"\n\n")
+            await resp.write(b"data: " + orjson.dumps(error_body(err)) + b"\n\n")
         return resp
     _finish(request, cap)
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):

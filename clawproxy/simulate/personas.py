@@ -281,8 +281,7 @@ class LLMPersona(ScriptedPersona):
     failures: int = 0
 
     def feedback(self, question: str, answer: str, met: bool, problem: str | None = None) -> str:
-        import json
-        import urllib.request
+        from clawproxy.httpjson import request_json
 
         verdict = "does" if met else "does NOT"
         broken = {"cut_off": " It was cut off before the end.",
@@ -301,14 +300,10 @@ class LLMPersona(ScriptedPersona):
             "max_tokens": 60,
             "temperature": self.temperature,
         }
-        req = urllib.request.Request(
-            self.base_url.rstrip("/") + "/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                text = json.loads(resp.read())["choices"][0]["message"]["content"].strip()
+            out = request_json("POST", self.base_url.rstrip("/") + "/chat/completions", body,
+                               token=self.api_key, timeout=60)
+            text = out["choices"][0]["message"]["content"].strip()
         except Exception:  # endpoint down or malformed: the scripted reaction keeps the run going
             text = ""
         if not text:

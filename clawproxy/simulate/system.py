@@ -1,7 +1,8 @@
 """Start and stop a whole `clawproxy start` (proxy, engine, judge, trainer) for a simulation run.
 
-The benchmark and `clawproxy simulate --start` need a system they own: a fresh data dir, free
-loopback ports, and the method/finetune/oracle switches applied as config overrides. The config is
+The benchmark and `clawproxy simulate --start` need a system they own: a fresh data dir, loopback
+ports held for it from the start, and the method/finetune/oracle switches applied as config
+overrides. The config is
 written to the data dir and passed with --config, so every child sees the same settings.
 """
 
@@ -15,25 +16,21 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from clawproxy.errors import ClawproxyError
+from clawproxy.httpjson import answers_ok
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as r:
-            return r.status == 200
-    except Exception:
-        return False
+def _hold_port(stack: contextlib.ExitStack) -> int:
+    """A loopback port bound, never listening, until ``stack`` closes: no other process can take
+    it before our child listens on it (aiohttp binds with SO_REUSEADDR, which a bound but idle
+    socket allows on Linux)."""
+    s = stack.enter_context(socket.socket())
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 class System:
@@ -45,8 +42,9 @@ class System:
         self.overrides = dict(overrides or {})
         self.config_path = config_path
         self.proc: subprocess.Popen[bytes] | None = None
-        self.proxy_port = free_port()
-        self.engine_port = free_port()
+        self._ports = contextlib.ExitStack()
+        self.proxy_port = _hold_port(self._ports)
+        self.engine_port = _hold_port(self._ports)
         self.config: Any = None
 
     @property
@@ -87,10 +85,11 @@ class System:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._ports.close()
                 raise ClawproxyError(
                     f"clawproxy start exited with {self.proc.returncode}; see {self.log_path}:\n"
                     + self.log_tail())
-            if _ok(self.engine_url + "/health") and _ok(self.proxy_url + "/v1/models"):
+            if answers_ok(self.engine_url + "/health", 3) and answers_ok(self.proxy_url + "/v1/models", 3):
                 return self
             time.sleep(1.0)
         self.stop()
@@ -103,6 +102,7 @@ class System:
 
     def stop(self, grace_s: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
+            self._ports.close()
             return
         # SIGTERM to the supervisor only: it stops its own children (they are in their own groups).
         self.proc.send_signal(signal.SIGTERM)
@@ -112,6 +112,7 @@ class System:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self._ports.close()
 
     def __enter__(self) -> System:
         return self.start()

@@ -190,18 +190,3 @@ def test_unusable_data_dir_is_a_clear_error(tmp_path):
         )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "--data-dir" in r.stderr, r.stderr
-
-
-async def test_readiness_probe_ignores_http_proxy(aiohttp_server, monkeypatch):
-    import asyncio
-
-    from aiohttp import web
-
-    from clawproxy.supervisor import _http_ok
-
-    app = web.Application()
-    app.router.add_get("/health", lambda r: web.json_response({"ok": True}))
-    srv = await aiohttp_server(app)
-    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
-    monkeypatch.setenv("no_proxy", "")
-    assert await asyncio.to_thread(_http_ok, str(srv.make_url("/health")))

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from clawproxy.config import Config, load_config
 from clawproxy.proxy import create_app
@@ -61,6 +62,7 @@ class ProxyRig:
 async def make_rig(aiohttp_server, tmp_path) -> Callable[..., Any]:
     """``await make_rig(**config_overrides)`` -> ProxyRig. upstream_ready may be passed."""
     clients: list[aiohttp.ClientSession] = []
+    runners: list[web.AppRunner] = []
 
     async def factory(upstream_ready: Callable[[], bool] | None = None, upstream: str | None = None,
                       **overrides: Any) -> ProxyRig:
@@ -70,14 +72,21 @@ async def make_rig(aiohttp_server, tmp_path) -> Callable[..., Any]:
         cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": up_url,
                                  "proxy.extra_routes": ["/v1/echo/*"], **overrides})
         app = create_app(cfg, upstream_ready=upstream_ready)
-        srv = await aiohttp_server(app, **server_options(cfg))
+        # Served as `clawproxy start` serves it (aiohttp's TestServer would add options of its own).
+        runner = web.AppRunner(app, **server_options(cfg))
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
         client = aiohttp.ClientSession()
         clients.append(client)
-        return ProxyRig(fake, up_url, str(srv.make_url("")).rstrip("/"), cfg, client, app)
+        return ProxyRig(fake, up_url, f"http://{host}:{port}", cfg, client, app)
 
     yield factory
     for c in clients:
         await c.close()
+    for r in runners:
+        await r.cleanup()
 
 
 @pytest.fixture
