@@ -592,6 +592,9 @@ def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
     return UpstreamError(f"upstream unreachable: {type(exc).__name__}: {exc}")
 
 
+# The first generated token (text, reasoning or a tool call): TTFT starts there, not at the
+# role-only first chunk that vLLM and our engine send before prefill.
+_GENERATED = re.compile(rb'"(?:content|reasoning_content|reasoning)":\s*"(?!")|"tool_calls":\s*\[')
 _REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token fields
 
 
@@ -683,7 +686,7 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
                     done = _DONE_EVENT.search(tail + data) is not None
                 tail = data[-24:] if len(data) >= 24 else (tail + data)[-24:]
             if chunks is not None and cap.t_end is None:
-                if cap.t_first is None:
+                if cap.t_first is None and _GENERATED.search(data):
                     cap.t_first = time.perf_counter()
                 chunks.append(data)
             if framer is not None:

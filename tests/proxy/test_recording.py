@@ -124,3 +124,11 @@ def test_turn_version_is_that_of_its_tokens():
     assert assemble_events([role, tok(1, 3), tok(2, 4, "stop")]).weight_versions == [3, 4]
     # only the envelope carries a version: it is all there is
     assert assemble_events([role, {"choices": [{"index": 0, "delta": {"content": "x"}}]}]).weight_versions == [3]
+
+
+async def test_ttft_is_the_first_generated_token_not_the_role_chunk(rig):
+    # the role-only first chunk comes at once; the first text after one 300 ms pause
+    await rig.chat(_body("slow"), {"x-session-id": "ttft", "x-fake-delay-ms": "300", "x-fake-chunks": "2"})
+    await rig.wait_recorded(1)
+    (t,) = rig.turns()
+    assert 300 <= t["ttft_ms"] < t["total_ms"], t
