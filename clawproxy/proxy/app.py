@@ -37,6 +37,7 @@ from yarl import URL
 
 from clawproxy.config import Config
 from clawproxy.errors import ConfigError, RequestError, openai_error_body
+from clawproxy.proxy import ui
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.routing import ModelRouter, router_for
 from clawproxy.proxy.sse import Added, EventFramer, strip_body
@@ -170,6 +171,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
         app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
     app.router.add_get("/clawproxy/health", health)
     app.router.add_get("/clawproxy/stats", stats)
+    ui.setup(app, cfg, guard=_control_allowed, recording=lambda: app[RECORDER_KEY].stats())
     app.router.add_route("*", "/v1/{tail:.*}", forward)
     app.router.add_route("*", "/v1", forward)
     app.router.add_route("*", "/{tail:.*}", not_found)
