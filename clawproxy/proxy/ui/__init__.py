@@ -260,7 +260,9 @@ async def session(request: web.Request) -> web.Response:
 async def learning(request: web.Request) -> web.Response:
     ui = request.app[UI_KEY]
     data = await ui.read(lambda s: _learning(s, ui.cfg))
-    return _page(request, "learning.html", {"data": data, "data_json": orjson.dumps(data).decode()})
+    # Inside <script> only "</" could end the element: "<" is escaped the way JSON allows.
+    data_json = orjson.dumps(data).decode().replace("<", "\\u003c")
+    return _page(request, "learning.html", {"data": data, "data_json": data_json})
 
 
 @guarded

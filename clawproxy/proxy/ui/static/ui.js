@@ -56,9 +56,10 @@
       "chart-loss": { type: "line", data: { labels: stepLabels, datasets: [
         { label: "loss", data: d.steps.map((s) => s.loss), borderColor: BLUE,
           pointBackgroundColor: failed.map((f) => (f ? RED : BLUE)), pointRadius: 4 },
-        { label: "KL", data: d.steps.map((s) => s.kl), borderColor: ORANGE, pointRadius: 3 },
+        { label: "KL (right axis)", data: d.steps.map((s) => s.kl), borderColor: ORANGE, pointRadius: 3, yAxisID: "kl" },
         { label: "clip fraction", data: d.steps.map((s) => s.clip_frac), borderColor: GREY, pointRadius: 3 }] },
-        options: opts({ plugins: { markers: { at: rollbackAt }, legend: { display: true } } }) },
+        options: opts({ plugins: { markers: { at: rollbackAt }, legend: { display: true } },
+          scales: { y: { position: "left" }, kl: { position: "right", grid: { drawOnChartArea: false } } } }) },
     };
     if (d.simulate.length) {
       out["chart-adoption"] = { type: "line", data: { datasets: d.simulate.map((c, i) => ({
@@ -96,7 +97,8 @@
         t.trainable ? "yes" : `no: ${t.reason}`, t.score == null ? "-" : (t.score > 0 ? "+" : "") + t.score];
       cells.forEach((c, i) => {
         const td = document.createElement("td");
-        if (i === 2) {
+        if (i === 2 && !t.session_id) td.textContent = "-";
+        else if (i === 2) {
           const a = document.createElement("a");
           a.href = `${prefix}/sessions/${encodeURIComponent(t.session_id)}`;
           a.textContent = t.session_id;
