@@ -267,6 +267,13 @@ def _chart(driver: Any, canvas_id: str) -> dict[str, Any]:
 
 
 def test_learning_charts_have_a_point_per_step_and_version(stack, browser, artifacts):
+    from clawproxy.simulate.measure import Curve, make_point, write_json
+
+    # what `clawproxy simulate` leaves in the data dir: its held-out adoption curve
+    points = [make_point(n, [], None, 0.0) for n in (0, 12, 24)]
+    for p, adoption in zip(points, (0.0, 0.25, 0.5), strict=True):
+        p.adoption = adoption
+    write_json(stack["data"] / "simulate" / "curve.json", [Curve("concise", "concise", "combined", points=points)])
     browser.get(stack["url"] + "/learning")
     with contextlib.closing(_store(stack["data"])) as s:
         steps = s.steps_with_samples()
@@ -281,6 +288,8 @@ def test_learning_charts_have_a_point_per_step_and_version(stack, browser, artif
     assert len(by_version["data"][0]) == len(per_version) >= 1
     assert by_version["data"][0] == pytest.approx([r["mean"] for r in sorted(per_version, key=lambda r: r["v"] or 0)])
     assert _chart(browser, "chart-score-time")["data"][0]
+    adoption = _chart(browser, "chart-adoption")["data"]
+    assert adoption == [[{"x": 0, "y": 0.0}, {"x": 12, "y": 0.25}, {"x": 24, "y": 0.5}]]
     _shot(browser, artifacts, "learning")
 
 
@@ -368,3 +377,32 @@ async def test_a_post_without_the_csrf_token_is_refused(make_rig):
             assert r.status == 303 and "error=not+a+version" in r.headers["Location"]
     async with rig.client.get(rig.url + "/clawproxy/ui/versions") as r:  # a new GET, the same token
         assert token in await r.text()
+
+
+async def test_a_slow_page_never_holds_up_the_proxy(make_rig, monkeypatch):
+    # every dashboard read runs on its own thread: a page stuck in the store for 2 s leaves the
+    # event loop, and so the requests it forwards, free
+    import asyncio
+    import threading
+
+    rig = await make_rig()
+    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    await rig.wait_recorded(1)
+    loop_thread = threading.current_thread()
+    seen: list[threading.Thread] = []
+
+    def slow(self, since):
+        seen.append(threading.current_thread())
+        time.sleep(2.0)
+        return {"turns": 1, "sessions": 1}
+
+    monkeypatch.setattr(Store, "turns_and_sessions_since", slow)
+    t0 = time.monotonic()
+    page = asyncio.create_task(rig.client.get(rig.url + "/clawproxy/ui/"))
+    await asyncio.sleep(0.2)  # the page is in its read now (or, were it on the loop, the loop is stuck)
+    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "meanwhile"}]})
+    took = time.monotonic() - t0
+    async with await page as r:
+        assert r.status == 200
+    assert status == 200 and took < 1.5, took
+    assert seen and all(t is not loop_thread for t in seen)

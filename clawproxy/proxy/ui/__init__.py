@@ -59,7 +59,9 @@ class Dashboard:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="clawproxy-ui"))
     reader: Store | None = None
-    rollback_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The running `clawproxy rollback`: owned here, not by the request, so a closed tab cannot
+    # cut it short between the engine's reload and the store's record; cleanup awaits it.
+    rollback_task: asyncio.Task[tuple[bool, str]] | None = None
 
     async def read(self, fn: Callable[[Store], Any]) -> Any:
         """``fn(store)`` on the reader thread (the store opened read-only on first use)."""
@@ -109,6 +111,9 @@ def setup(app: web.Application, cfg: Config, guard: Callable[[web.Request], bool
 async def _ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     ui = app[UI_KEY]
+    if ui.rollback_task is not None:
+        with contextlib.suppress(Exception):
+            await ui.rollback_task
     await asyncio.get_running_loop().run_in_executor(ui.executor, ui.close)
     ui.executor.shutdown(wait=True)
 
@@ -334,10 +339,11 @@ async def rollback(request: web.Request) -> web.Response:
     if version and not str(version).isdigit():
         return _back(error=f"not a version: {version!r}")
     ui = request.app[UI_KEY]
-    if ui.rollback_lock.locked():
+    if ui.rollback_task is not None and not ui.rollback_task.done():
         return _back(error="a rollback is already running")
-    async with ui.rollback_lock:
-        ok, out = await _run_rollback(ui.cfg, str(version) or None)
+    ui.rollback_task = asyncio.create_task(_run_rollback(ui.cfg, str(version) or None),
+                                           name="clawproxy-ui-rollback")
+    ok, out = await asyncio.shield(ui.rollback_task)
     return _back(**({"done": out} if ok else {"error": out}))
 
 
@@ -358,11 +364,11 @@ async def _run_rollback(cfg: Config, version: str | None) -> tuple[bool, str]:
                                                 stderr=asyncio.subprocess.STDOUT)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), ROLLBACK_TIMEOUT_S)
-    except (TimeoutError, asyncio.CancelledError):
+    except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
-        raise
+        return False, f"`clawproxy rollback` did not finish in {ROLLBACK_TIMEOUT_S:.0f} s"
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
     return proc.returncode == 0, (lines[-1] if lines else f"exit code {proc.returncode}")[:500]
 
