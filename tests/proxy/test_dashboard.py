@@ -406,3 +406,21 @@ async def test_a_slow_page_never_holds_up_the_proxy(make_rig, monkeypatch):
         assert r.status == 200
     assert status == 200 and took < 1.5, took
     assert seen and all(t is not loop_thread for t in seen)
+
+
+async def test_recorded_text_is_escaped_and_any_session_id_has_a_page(make_rig):
+    rig = await make_rig()
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": evil}]},
+                                  {"session_id": "team/a b"})
+    assert status == 200
+    await rig.wait_recorded(1)
+    async with rig.client.get(rig.url + "/clawproxy/ui/sessions") as r:
+        listing = await r.text()
+    href = listing.split('href="/clawproxy/ui/sessions/', 1)[1].split('"', 1)[0]
+    async with rig.client.get(rig.url + "/clawproxy/ui/sessions/" + href) as r:
+        assert r.status == 200
+        page = await r.text()
+    assert "Session team/a b" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
+    assert "<img" not in page

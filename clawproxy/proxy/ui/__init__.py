@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hmac
 import secrets
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -99,7 +100,7 @@ def setup(app: web.Application, cfg: Config, guard: Callable[[web.Request], bool
     r.add_get(PREFIX, lambda _: web.HTTPFound(PREFIX + "/"))
     r.add_get(PREFIX + "/", overview)
     r.add_get(PREFIX + "/sessions", sessions)
-    r.add_get(PREFIX + "/sessions/{sid}", session)
+    r.add_get(PREFIX + "/sessions/{sid:.+}", session)  # session ids may hold a "/"
     r.add_get(PREFIX + "/learning", learning)
     r.add_get(PREFIX + "/versions", versions)
     r.add_post(PREFIX + "/versions/rollback", rollback)
@@ -136,6 +137,8 @@ def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], An
             return await handler(request)
         except StoreError as e:
             return _page(request, "error.html", {"message": e.message}, status=503)
+        except sqlite3.Error as e:  # a read that failed (disk, I/O): the page says so, the proxy goes on
+            return _page(request, "error.html", {"message": f"reading the store failed: {e}"}, status=503)
 
     wrapped.__name__ = handler.__name__
     return wrapped
