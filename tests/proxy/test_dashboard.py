@@ -172,7 +172,7 @@ def _shot(driver: Any, artifacts: Path, name: str) -> None:
     assert errors == [], errors
     # full page: the window height grows to the document's
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1400, max(1000, min(int(height) + 40, 4000)))
+    driver.set_window_size(1400, max(600, min(int(height) + 40, 4000)))
     driver.save_screenshot(str(artifacts / f"{name}.png"))
     driver.set_window_size(1400, 1000)
 
@@ -424,3 +424,25 @@ async def test_recorded_text_is_escaped_and_any_session_id_has_a_page(make_rig):
     assert "Session team/a b" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
     assert "<img" not in page
+
+
+async def test_a_gate_refusal_shows_as_the_trainers_state_and_is_marked(make_rig):
+    rig = await make_rig()
+    s = rig.store()
+    try:  # what the trainer records when its publish gate refuses a step
+        metrics = {"loss": 0.5, "kl": 9.0, "clip_frac": 0.1, "samples": 2,
+                   "gate": {"ok": False, "failed": ["kl_to_previous"]}}
+        step = s.record_step(method="combined", base_version=0, new_version=None, status="gate_failed",
+                             metrics=metrics, turn_ids=[])
+    finally:
+        s.close()
+    async with rig.client.get(rig.url + "/clawproxy/ui/") as r:
+        page = await r.text()
+    assert 'id="trainer-state">gate refused<' in page
+    assert f"step {step} from v0: kl_to_previous" in page
+    async with rig.client.get(rig.url + "/clawproxy/ui/api/learning") as r:
+        data = await r.json()
+    assert [(st["id"], st["status"], st["failed"]) for st in data["steps"]] == [
+        (step, "gate_failed", ["kl_to_previous"])]
+    async with rig.client.get(rig.url + "/clawproxy/ui/learning") as r:
+        assert f"step {step} refused by the gate: kl_to_previous" in await r.text()
