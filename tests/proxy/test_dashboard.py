@@ -344,7 +344,7 @@ def _markers(driver: Any) -> list[int]:
 
 
 # -- access rules (in-process proxy rig) ----------------------------------------------------------
-PAGES = ["/", "/sessions", "/sessions/x", "/learning", "/versions", "/api/live", "/api/learning",
+PAGES = ["", "/", "/sessions", "/sessions/x", "/learning", "/versions", "/api/live", "/api/learning",
          "/static/chart.umd.js"]
 
 

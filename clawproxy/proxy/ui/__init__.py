@@ -97,7 +97,7 @@ def setup(app: web.Application, cfg: Config, guard: Callable[[web.Request], bool
     app[UI_KEY] = Dashboard(cfg, guard, recording)
     app.cleanup_ctx.append(_ctx)
     r = app.router
-    r.add_get(PREFIX, lambda _: web.HTTPFound(PREFIX + "/"))
+    r.add_get(PREFIX, to_overview)
     r.add_get(PREFIX + "/", overview)
     r.add_get(PREFIX + "/sessions", sessions)
     r.add_get(PREFIX + "/sessions/{sid:.+}", session)  # session ids may hold a "/"
@@ -169,6 +169,11 @@ def _json(obj: Any) -> web.Response:
 
 
 # -- pages ----------------------------------------------------------------------------------------
+@guarded
+async def to_overview(_request: web.Request) -> web.Response:
+    raise web.HTTPFound(PREFIX + "/")
+
+
 @guarded
 async def overview(request: web.Request) -> web.Response:
     ui = request.app[UI_KEY]
