@@ -20,9 +20,9 @@ from click_default_group import DefaultGroup
 from clawproxy.cli_options import CONTEXT_SETTINGS as CTX
 from clawproxy.cli_options import build_config, config_options
 from clawproxy.errors import StoreError
-from clawproxy.openclaw import is_ctx
 from clawproxy.openclaw_setup import PROFILES
 from clawproxy.store import Store
+from clawproxy.turn_view import message_text, turn_view
 
 
 @contextmanager
@@ -61,40 +61,6 @@ def _resolve(store: Store, sid: str) -> str:
     if not rows:
         raise click.ClickException(f"no session {sid!r}; `clawproxy sessions` lists them.")
     raise click.ClickException(f"{sid!r} matches several sessions; give more of the id.")
-
-
-def _text(msg: dict[str, Any] | None) -> str:
-    if not msg:
-        return ""
-    c = msg.get("content")
-    if isinstance(c, list):
-        c = "\n".join(p.get("text", "") for p in c if isinstance(p, dict))
-    text = c if isinstance(c, str) else ""
-    calls = [call_text(tc) for tc in msg.get("tool_calls") or () if isinstance(tc, dict)]
-    return " ".join([text, *calls]).strip()
-
-
-def call_text(tc: dict[str, Any]) -> str:
-    """A tool call as a person reads it: ``→ read(path=hello.txt)``."""
-    fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
-    args = fn.get("arguments")
-    try:
-        parsed = json.loads(args) if isinstance(args, str) else args
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        inner = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in parsed.items())
-    else:
-        inner = str(args or "")
-    return f"→ {fn.get('name')}({inner})"
-
-
-def said(msg: dict[str, Any] | None) -> str:
-    """What a user-side message was: the user's words, or a tool result labelled as one."""
-    if msg and msg.get("role") == "tool":
-        name = msg.get("name")
-        return f"tool result{f' ({name})' if name else ''}: {_text(msg)}"
-    return _text(msg)
 
 
 def _short(s: str | None, n: int = 80) -> str:
@@ -160,20 +126,13 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
     for col in ("#", "time", "kind", "status", "train", "user", "response", "next state", "score"):
         table.add_column(col, overflow="fold", no_wrap=col in ("#", "time"))
     for t in turns:
-        msgs = [m for m in (t.get("request_messages") or []) if isinstance(m, dict)]
-        users = [m for m in msgs if m.get("role") in ("user", "tool")
-                 and not is_ctx(m)]
-        calls = [call_text(tc) for tc in t.get("response_tool_calls") or () if isinstance(tc, dict)]
-        resp = " ".join([t.get("response_text") or "", *calls]).strip()
-        ns = [m for m in t.get("next_state") or [] if isinstance(m, dict)]
-        ns_txt = " | ".join(_short(said(m), 60) for m in ns) if ns else "-"
-        kind = t["kind"] + (f"/{t['side_kind']}" if t.get("side_kind") else "")
-        status = f"{t['status']} {t.get('http_status') or ''} {t.get('finish_reason') or ''}"
-        table.add_row(str(t.get("turn_index")), time.strftime("%H:%M:%S", time.localtime(t["created_at"])),
-                      kind, " ".join(status.split()),
-                      "yes" if t["trainable"] else f"no: {t.get('reason')}",
-                      _short(said(users[-1]) if users else "", 60), _short(resp, 80), ns_txt,
-                      str(t["judge_score"]) if t.get("judge_score") is not None else "-")
+        v = turn_view(t)
+        resp = " ".join([v["response"], *v["tool_calls"]]).strip()
+        ns_txt = " | ".join(_short(x, 60) for x in v["next_state"]) if v["next_state"] else "-"
+        table.add_row(str(v["index"]), time.strftime("%H:%M:%S", time.localtime(t["created_at"])),
+                      v["kind"], v["status"], "yes" if v["trainable"] else f"no: {v['reason']}",
+                      _short(v["request"], 60), _short(resp, 80), ns_txt,
+                      str(v["score"]) if v["score"] is not None else "-")
     Console().print(table)
 
 
@@ -182,7 +141,7 @@ def prompt_text(messages: list[Any] | None) -> str:
     out = []
     for m in messages or []:
         if isinstance(m, dict):
-            out.append(f"<|{m.get('role', '?')}|>\n{_text(m)}")
+            out.append(f"<|{m.get('role', '?')}|>\n{message_text(m)}")
     return "\n".join(out)
 
 

@@ -787,6 +787,125 @@ class Store:
         self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
                                   "created_at": time.time()}, or_ignore=True)
 
+    # -- dashboard reads ---------------------------------------------------------------------------
+    # What the dashboard (clawproxy/proxy/ui) shows; it calls these on a ``Store.reader`` connection.
+    def turns_and_sessions_since(self, since: float) -> dict[str, int]:
+        """Turns recorded since ``since`` and the sessions they belong to."""
+        return self.query_one(
+            "SELECT COUNT(*) AS turns, COUNT(DISTINCT session_id) AS sessions FROM turns WHERE created_at >= ?",
+            (since,),
+        )
+
+    def serving_checkpoint(self) -> dict[str, Any] | None:
+        """The newest published checkpoint: version, created_at (when it was published), gate."""
+        return self.query_one(
+            "SELECT version, created_at, gate FROM checkpoints WHERE status='published' ORDER BY version DESC LIMIT 1"
+        )
+
+    def judge_progress(self) -> dict[str, Any]:
+        """pending: turns the judge will score (trainable main turns with a next state and no
+        judgment yet); judged: judgments written; last_at: when the newest was written."""
+        return self.query_one(
+            f"SELECT (SELECT COUNT(*) FROM ({_UNJUDGED})) AS pending, "
+            "(SELECT COUNT(*) FROM judgments) AS judged, (SELECT MAX(created_at) FROM judgments) AS last_at"
+        )
+
+    def untrained_judged_count(self) -> int:
+        """Judged, trainable main turns neither trained nor skipped yet (what the trainer's next
+        batch is drawn from, before its own filters)."""
+        return self.query_one(
+            "SELECT COUNT(*) AS n FROM turns t JOIN judgments j ON j.turn_id = t.id "
+            "WHERE t.trainable = 1 AND t.kind = 'main' AND t.id NOT IN (SELECT turn_id FROM trained_samples) "
+            "AND t.id NOT IN (SELECT turn_id FROM skipped_samples)"
+        )["n"]
+
+    def last_event(self, kinds: Iterable[str]) -> dict[str, Any] | None:
+        """The newest event of one of ``kinds``: id, ts, kind, data."""
+        kinds = list(kinds)
+        return self.query_one(
+            f"SELECT id, ts, kind, data FROM events WHERE kind IN ({', '.join('?' * len(kinds))}) "
+            "ORDER BY id DESC LIMIT 1",
+            kinds,
+        )
+
+    def sessions_filtered(self, trainable: bool | None, score: str | None, limit: int) -> list[dict[str, Any]]:
+        """``list_sessions`` rows, newest first, keeping sessions with (``trainable`` True) or without
+        trainable turns, and whose mean judge score is ``score``: pos, neg, zero or none (unjudged)."""
+        having = []
+        if trainable is not None:
+            having.append("COALESCE(SUM(t.trainable), 0) > 0" if trainable else "COALESCE(SUM(t.trainable), 0) = 0")
+        having += {"pos": ["AVG(j.score) > 0"], "neg": ["AVG(j.score) < 0"], "zero": ["AVG(j.score) = 0"],
+                   "none": ["COUNT(j.turn_id) = 0"]}.get(score or "", [])
+        return self.query(
+            "SELECT s.*, SUM(t.kind = 'main') AS main_turns, SUM(t.kind = 'side') AS side_turns, "
+            "SUM(t.kind = 'retry') AS retry_turns, SUM(t.trainable) AS trainable_turns, "
+            "AVG(j.score) AS mean_score, COUNT(j.turn_id) AS judged_turns "
+            "FROM sessions s LEFT JOIN turns t ON t.session_id = s.id LEFT JOIN judgments j ON j.turn_id = t.id "
+            f"GROUP BY s.id {'HAVING ' + ' AND '.join(having) if having else ''} "
+            "ORDER BY s.last_seen DESC LIMIT ?",
+            (limit,),
+        )
+
+    def votes_of(self, turn_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+        """turn id -> its votes (idx, voter, score, hint, error), in order."""
+        out: dict[int, list[dict[str, Any]]] = {t: [] for t in turn_ids}
+        for r in self.query(
+            f"SELECT turn_id, idx, voter, score, hint, error FROM votes WHERE turn_id IN "
+            f"({', '.join('?' * len(turn_ids))}) ORDER BY turn_id, idx",
+            turn_ids,
+        ):
+            out[r["turn_id"]].append(r)
+        return out
+
+    def training_fate(self, turn_ids: list[int]) -> dict[int, dict[str, Any]]:
+        """turn id -> {step: the train step that used it or None, skipped: the trainer's reason or None}."""
+        marks = ", ".join("?" * len(turn_ids))
+        out: dict[int, dict[str, Any]] = {t: {"step": None, "skipped": None} for t in turn_ids}
+        for r in self.query(f"SELECT turn_id, MIN(step_id) AS s FROM trained_samples WHERE turn_id IN ({marks}) "
+                            "GROUP BY turn_id", turn_ids):
+            out[r["turn_id"]]["step"] = r["s"]
+        for r in self.query(f"SELECT turn_id, reason FROM skipped_samples WHERE turn_id IN ({marks})", turn_ids):
+            out[r["turn_id"]]["skipped"] = r["reason"]
+        return out
+
+    def steps_with_samples(self) -> list[dict[str, Any]]:
+        """Every train step, oldest first: id, created_at, method, status, base/new version, metrics,
+        and ``samples``, the turns it trained on."""
+        return self.query(
+            "SELECT s.id, s.created_at, s.method, s.status, s.base_version, s.new_version, s.metrics, "
+            "(SELECT COUNT(*) FROM trained_samples ts WHERE ts.step_id = s.id) AS samples "
+            "FROM train_steps s ORDER BY s.id"
+        )
+
+    def last_step(self) -> dict[str, Any] | None:
+        """The newest train step: id, created_at, status, base_version, new_version, metrics."""
+        return self.query_one("SELECT id, created_at, status, base_version, new_version, metrics FROM train_steps "
+                              "ORDER BY id DESC LIMIT 1")
+
+    def mean_score_over_time(self, bucket_s: float) -> list[dict[str, Any]]:
+        """Mean judge score of main turns per ``bucket_s`` of their recording time: t (bucket start), mean, n."""
+        return self.query(
+            "SELECT CAST(t.created_at / ? AS INTEGER) * ? AS t, AVG(j.score) AS mean, COUNT(*) AS n "
+            "FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY 1 ORDER BY 1",
+            (bucket_s, bucket_s),
+        )
+
+    def turns_after(self, after_id: int, limit: int) -> list[dict[str, Any]]:
+        """The newest turns recorded after ``after_id`` (at most ``limit``), newest first, in brief:
+        id, session_id, created_at, kind, status, trainable, reason, judge score."""
+        return self.query(
+            "SELECT t.id, t.session_id, t.created_at, t.kind, t.status, t.trainable, t.reason, j.score "
+            "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.id > ? ORDER BY t.id DESC LIMIT ?",
+            (after_id, limit),
+        )
+
+    def last_ids(self) -> dict[str, int]:
+        """The newest turn, train step and judgment ids (0 when none): what changed since a poll."""
+        return self.query_one(
+            "SELECT COALESCE((SELECT MAX(id) FROM turns), 0) AS turn, COALESCE((SELECT MAX(id) FROM train_steps), 0) AS step, "
+            "(SELECT COUNT(*) FROM judgments) AS judged, COALESCE((SELECT MAX(id) FROM events), 0) AS event"
+        )
+
 
 # The judge's queue: trainable main turns with a next state and no judgment yet, oldest first.
 _UNJUDGED = """

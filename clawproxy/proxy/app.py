@@ -47,6 +47,7 @@ from clawproxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
+from clawproxy.proxy import ui
 from clawproxy.proxy.metrics import ProxyMetrics, Timing
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.routing import ModelRouter, router_for
@@ -192,6 +193,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app.router.add_get("/clawproxy/health", _control(health))
     app.router.add_get("/clawproxy/stats", _control(stats))
     app.router.add_get("/metrics", _control(metrics))
+    ui.setup(app, cfg, recording=lambda: app[RECORDER_KEY].stats())
     app.router.add_route("*", "/v1/{tail:.*}", forward)
     app.router.add_route("*", "/v1", forward)
     app.router.add_route("*", "/{tail:.*}", not_found)
