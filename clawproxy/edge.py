@@ -35,8 +35,12 @@ def has_bearer(request: web.Request, token: str) -> bool:
     Compared as bytes: aiohttp keeps header bytes that are not UTF-8 as surrogate escapes, which a
     plain ``str.encode()`` (or ``compare_digest`` on str) refuses with an exception, a 500.
     """
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, b"Bearer " + token.encode("utf-8", "surrogateescape"))
+    return same_secret(request.headers.get("Authorization", ""), f"Bearer {token}")
+
+
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time equality of two secrets, as bytes (surrogate escapes kept, never an exception)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
 
 
 def is_loopback(remote: str | None) -> bool:

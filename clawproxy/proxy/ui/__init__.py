@@ -35,7 +35,7 @@ import orjson
 from aiohttp import web
 
 from clawproxy.config import Config
-from clawproxy.edge import check_control, error_response
+from clawproxy.edge import check_control, error_response, same_secret
 from clawproxy.errors import ClawproxyError, Forbidden, StoreError
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
@@ -137,7 +137,7 @@ def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], An
 
 def _csrf_ok(request: web.Request, form: Any) -> bool:
     sent = form.get("csrf") or request.headers.get("X-CSRF-Token") or ""
-    return hmac.compare_digest(str(sent).encode(), request.app[UI_KEY].csrf.encode())
+    return same_secret(str(sent), request.app[UI_KEY].csrf)
 
 
 def _page(request: web.Request, template: str, ctx: dict[str, Any], status: int = 200) -> web.Response:
@@ -332,7 +332,8 @@ async def versions(request: web.Request) -> web.Response:
 async def rollback(request: web.Request) -> web.Response:
     form = await request.post()
     if not _csrf_ok(request, form):
-        return error_response(Forbidden("missing or wrong CSRF token: reload the dashboard and try again"))
+        return error_response(Forbidden("missing or wrong CSRF token: reload the dashboard and try again",
+                                        code="csrf"))
     version = form.get("version") or ""
     if version and not str(version).isdigit():
         return _back(error=f"not a version: {version!r}")
