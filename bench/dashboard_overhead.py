@@ -1,7 +1,7 @@
 """Does watching the proxy slow it down? Added latency with the dashboard closed and open, one run.
 
     .venv/bin/python bench/dashboard_overhead.py [--rounds 3] [--tabs 3] [--hz 2]
-        [--poll /metrics,/clawproxy/stats,/clawproxy/ui]
+        [--poll /metrics,/clawproxy/ui/,/clawproxy/ui/api/live,/clawproxy/ui/api/learning]
 
 The fake upstream and the proxy run as in bench/proxy_overhead.py (own processes, recording on),
 over a store seeded with judged turns, votes and train steps so that every /metrics scrape does
@@ -39,7 +39,7 @@ from proxy_overhead import Bench, _drain, _pct, _start
 from clawproxy.store import Store
 from tests.net import wait_ok
 
-DEFAULT_POLL = "/metrics,/clawproxy/stats,/clawproxy/ui"
+DEFAULT_POLL = "/metrics,/clawproxy/ui/,/clawproxy/ui/api/live,/clawproxy/ui/api/learning"  # a tab's reads
 
 
 def seed_store(path: Path, turns: int) -> None:
