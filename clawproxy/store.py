@@ -150,6 +150,11 @@ MIGRATIONS: list[str] = [
         record      TEXT                     -- the record as JSON (redacted), or the raw turn as text
     );
     """,
+    # v4 (trainer): which loss terms each trained turn got (rl | rl_opd | opd), so a run can count
+    # its distillation-only samples and keep their scores out of the RL baseline.
+    """
+    ALTER TABLE trained_samples ADD COLUMN kind TEXT;
+    """,
 ]
 
 JSON_COLUMNS = {
@@ -602,9 +607,10 @@ class Store:
             )
 
     def record_step(self, *, method: str, base_version: int, new_version: int | None, status: str,
-                    metrics: dict[str, Any], turn_ids: list[int], checkpoint: dict[str, Any] | None = None) -> int:
-        """One transaction: the train step, the turns it consumed and, when ``checkpoint`` (path, kind,
-        gate, engine) is given, the published checkpoint row and its event. Returns the step id."""
+                    metrics: dict[str, Any], kinds: dict[int, str], checkpoint: dict[str, Any] | None = None) -> int:
+        """One transaction: the train step, the turns it consumed (turn id -> sample kind) and, when
+        ``checkpoint`` (path, kind, gate, engine) is given, the published checkpoint row and its event.
+        Returns the step id."""
         now = time.time()
         with self.transaction() as conn:
             cur = conn.execute(
@@ -614,8 +620,8 @@ class Store:
             )
             step_id = int(cur.lastrowid)
             conn.executemany(
-                "INSERT OR IGNORE INTO trained_samples (turn_id, step_id) VALUES (?, ?)",
-                [(t, step_id) for t in turn_ids],
+                "INSERT OR IGNORE INTO trained_samples (turn_id, step_id, kind) VALUES (?, ?, ?)",
+                [(t, step_id, kind) for t, kind in kinds.items()],
             )
             if checkpoint is not None:
                 conn.execute(
@@ -634,10 +640,10 @@ class Store:
         return self.query("SELECT status, base_version FROM train_steps ORDER BY id DESC LIMIT ?", (limit,))
 
     def recent_trained_scores(self, limit: int) -> list[int]:
-        """Non-zero judge scores of the last ``limit`` trained turns, newest first."""
+        """Non-zero judge scores of the last ``limit`` turns trained with an RL term, newest first."""
         rows = self.query(
             "SELECT j.score FROM trained_samples ts JOIN judgments j ON j.turn_id = ts.turn_id "
-            "WHERE j.score != 0 ORDER BY ts.step_id DESC, ts.turn_id DESC LIMIT ?",
+            "WHERE j.score != 0 AND COALESCE(ts.kind, '') != 'opd' ORDER BY ts.step_id DESC, ts.turn_id DESC LIMIT ?",
             (limit,),
         )
         return [int(r["score"]) for r in rows]
@@ -776,6 +782,18 @@ class Store:
 
     def was_trained(self, turn_id: int) -> bool:
         return self.query_one("SELECT 1 AS x FROM trained_samples WHERE turn_id=? LIMIT 1", (turn_id,)) is not None
+
+    def trained_kind(self, turn_id: int) -> str | None:
+        """The sample kind a turn was trained as (rl | rl_opd | opd; '' from before kinds were kept),
+        or None when it was never trained."""
+        row = self.query_one("SELECT kind FROM trained_samples WHERE turn_id=? LIMIT 1", (turn_id,))
+        return None if row is None else str(row["kind"] or "")
+
+    def trained_by_kind(self) -> dict[str, int]:
+        """Trained turns counted by sample kind."""
+        rows = self.query("SELECT COALESCE(kind, '') AS kind, COUNT(DISTINCT turn_id) AS n FROM trained_samples "
+                          "GROUP BY COALESCE(kind, '')")
+        return {r["kind"]: r["n"] for r in rows}
 
     def skip_reason(self, turn_id: int) -> str | None:
         """Why the trainer skipped this turn, or None."""

@@ -10,8 +10,9 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 
 - ``missing_token_ids``  no prompt/completion ids or log-probs, or their lengths disagree
 - ``empty``              no completion tokens
-- ``truncated``          finish_reason ``length``: a cut-off answer is never trained, whatever the
-                         judge said of it (the user reacted to an answer the model did not finish)
+- ``truncated``          finish_reason ``length`` and no hint (or method ``rl``): a cut-off answer never
+                         gets an RL term, whatever the judge said of it (the user reacted to an answer the
+                         model did not finish); with a hint it trains by distillation alone (below)
 - ``degenerate``         the completion ids repeat themselves (``clawproxy.degenerate.ids_loop``, checked here
                          on the ids rather than trusting the proxy's text-level verdict)
 - ``too_long``           prompt + completion longer than ``trainer.max_seq_len``
@@ -21,6 +22,16 @@ Each rejected candidate gets one reason, written to ``skipped_samples`` so it is
 - ``score_0``            rl: a 0 score carries no signal and must not take a batch slot
 - ``no_hint``            opd: without a hint the teacher equals the student
   (combined: a turn is useful when its score is non-zero or it has a hint; else ``score_0``)
+- ``no_teacher``         a distillation-only sample whose hinted prompt the chat template cannot render
+                         (checked by the trainer): it would train nothing
+
+Each selected sample has a kind, recorded with it in ``trained_samples.kind`` so it is countable:
+
+- ``rl``      a +1/-1 score and no hint (or method ``rl``): binary RL alone
+- ``rl_opd``  a +1/-1 score and a hint (combined): the RL term and the OPD term
+- ``opd``     distillation alone, no RL term: a cut-off answer with a hint (its recorded tokens are a
+              valid on-policy prefix; an unfinished answer earns no reward), a score-0 turn with a
+              hint, or any sample of method ``opd``
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class Sample:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
+    kind: str = "rl"  # rl | rl_opd | opd: which loss terms it gets (module docstring)
 
     @property
     def num_tokens(self) -> int:
@@ -68,7 +80,8 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
         return "missing_token_ids"
     if len(completion) == 0:
         return "empty"
-    if row.get("finish_reason") == "length":
+    hint = (row["hint"] or "").strip()
+    if row.get("finish_reason") == "length" and (cfg.method == "rl" or not hint):
         return "truncated"
     if ids_loop(completion):
         return "degenerate"
@@ -77,7 +90,7 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
     version = row["weight_version"] or 0
     if version < current_version - cfg.max_staleness:
         return "stale"
-    score, hint = int(row["score"]), (row["hint"] or "").strip()
+    score = int(row["score"])
     if cfg.method == "rl" and score == 0:
         return "score_0"
     if cfg.method == "opd" and not hint:
@@ -85,6 +98,15 @@ def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int
     if cfg.method == "combined" and score == 0 and not hint:
         return "score_0"
     return None
+
+
+def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
+    """Which loss terms a selected candidate gets (``rl`` / ``rl_opd`` / ``opd``)."""
+    if cfg.method == "rl":
+        return "rl"
+    if cfg.method == "opd" or row.get("finish_reason") == "length" or int(row["score"]) == 0:
+        return "opd"
+    return "rl_opd" if (row["hint"] or "").strip() else "rl"
 
 
 def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000) -> Selection:
@@ -109,6 +131,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 messages=row["request_messages"],
                 tools=row["request_tools"],
                 params=row["request_params"] if isinstance(row["request_params"], dict) else None,
+                kind=sample_kind(row, cfg),
             )
         )
     return Selection(samples=samples, skipped=skipped)

@@ -183,6 +183,7 @@ def collect_stats(store: Any) -> dict[str, Any]:
         "gate_failures": gate_failures,
         "rollbacks": rollbacks,
         "skipped_by_reason": store.skipped_by_reason(),
+        "trained_by_kind": store.trained_by_kind(),
         "steps": store.step_count(),
     }
 
@@ -268,5 +269,8 @@ def stats(config_path, data_dir, as_json, plot_path) -> None:
     if data["quarantined_turns"]:
         console.print(f"quarantined turns (not stored, kept with the reason in the store's "
                       f"quarantine table): {data['quarantined_turns']}")
+    if data["trained_by_kind"]:
+        console.print("trained samples by kind: " + ", ".join(
+            f"{k or 'unrecorded'} {n}" for k, n in sorted(data["trained_by_kind"].items())))
     if data["skipped_by_reason"]:
         console.print("skipped samples: " + ", ".join(f"{k} {n}" for k, n in sorted(data["skipped_by_reason"].items())))

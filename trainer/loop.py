@@ -184,8 +184,9 @@ class Trainer:
             for s in sel.samples:
                 if len(samples) == self.tcfg.batch_size:
                     break
-                if self._teacher_too_long(s):
-                    sel.skipped[s.turn_id] = "teacher_too_long"
+                problem = self._teacher_problem(s)
+                if problem:
+                    sel.skipped[s.turn_id] = problem
                 else:
                     samples.append(s)
             if sel.skipped:
@@ -195,13 +196,16 @@ class Trainer:
 
         return self._main_says(read)
 
-    def _teacher_too_long(self, s: Sample) -> bool:
-        """True when the OPD teacher's prompt (the recorded one plus the hint) and the completion
-        exceed ``max_seq_len``: the teacher pass would cost more than the trainer allows."""
+    def _teacher_problem(self, s: Sample) -> str | None:
+        """``teacher_too_long`` when the OPD teacher's prompt (the recorded one plus the hint) and the
+        completion exceed ``max_seq_len`` (the teacher pass would cost more than the trainer allows);
+        ``no_teacher`` when a distillation-only sample has no teacher prompt (it would train nothing)."""
         if self.tcfg.method == "rl" or not s.hint:
-            return False
+            return None
         ids = teacher_prompt_ids(self.tokenizer, s)
-        return ids is not None and len(ids) + len(s.completion_ids) > self.tcfg.max_seq_len
+        if ids is None:
+            return "no_teacher" if s.kind == "opd" else None
+        return "teacher_too_long" if len(ids) + len(s.completion_ids) > self.tcfg.max_seq_len else None
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -255,27 +259,28 @@ class Trainer:
 
     def score_baselines(self, samples: list[Sample]) -> dict[int, float]:
         """Each sample's RL baseline, leave-one-out (RLOO): the mean non-zero judge score of the
-        other samples in this batch and the last ``baseline_window`` trained before it. Leaving
+        other RL samples in this batch and the last ``baseline_window`` trained before it (a
+        distillation-only sample has no score to share, whatever the judge said). Leaving
         the sample itself out keeps the estimate unbiased; an all-fail (or all-pass) batch with no
         history then moves nothing by RL, as a zero-variance group does in GRPO. All 0 with a
         window of 0. History comes from the store, so a restart keeps it."""
         window = self.tcfg.baseline_window
         if window <= 0:
             return {s.turn_id: 0.0 for s in samples}
-        pool = self.store.recent_trained_scores(window) + [s.score for s in samples if s.score != 0]
+        pool = self.store.recent_trained_scores(window) + [s.score for s in samples if _rl_score(s)]
         total, n = sum(pool), len(pool)
         out = {}
         for s in samples:
-            others = n - 1 if s.score != 0 else n
-            rest = total - s.score if s.score != 0 else total
+            others = n - 1 if _rl_score(s) else n
+            rest = total - s.score if _rl_score(s) else total
             out[s.turn_id] = rest / others if others else 0.0
         return out
 
     def forward_backward(self, samples: list[Sample], baselines: dict[int, float] | None = None) -> dict[str, Any]:
         """Accumulate gradients of the clipped surrogate over micro-batches; return step metrics.
 
-        The RL term of a sample is ``score - baselines[turn_id]`` (0 for a score-0 sample, which is
-        here only for its hint)."""
+        The RL term of a sample is ``score - baselines[turn_id]``, and 0 for a distillation-only
+        sample (kind ``opd``: a cut-off answer or a score-0 turn, here only for its hint)."""
         baselines = baselines or {}
         acc, cfg = self.accelerator, self.tcfg
         world, rank = acc.num_processes, acc.process_index
@@ -294,7 +299,7 @@ class Trainer:
             mask = batch.completion_mask.float()
             behaviour = pad_floats([s.behaviour_logps for s in chunk], acc.device)
             scores = torch.tensor(
-                [s.score - baselines.get(s.turn_id, 0.0) if s.score and cfg.method != "opd" else 0.0 for s in chunk],
+                [s.score - baselines.get(s.turn_id, 0.0) if _rl_score(s) else 0.0 for s in chunk],
                 device=acc.device)
 
             teacher_logps, has_teacher = self._teacher_logps(chunk, batch)
@@ -345,6 +350,7 @@ class Trainer:
             "opd_samples": int(sums["opd_samples"]),
             "opd_gap_mean": sums["opd_gap"] / max(sums["opd_tokens"], 1.0),
             "score_mean": sum(s.score for s in samples) / len(samples),
+            "kinds": dict(Counter(s.kind for s in samples)),
             "score_baseline": sum(baselines.values()) / len(baselines) if baselines else 0.0,
         }
 
@@ -506,7 +512,7 @@ class Trainer:
         published = status == "published" and version is not None
         return self.store.record_step(
             method=self.tcfg.method, base_version=self.current.version, new_version=version, status=status,
-            metrics=_jsonable(m), turn_ids=[s.turn_id for s in samples],
+            metrics=_jsonable(m), kinds={s.turn_id: s.kind for s in samples},
             checkpoint={"path": str(out_dir), "kind": "lora" if self.is_lora else "full",
                         "gate": _jsonable(m["gate"]), "engine": self.engine is not None} if published else None,
         )
@@ -522,6 +528,11 @@ class Trainer:
         inner.state.clear()
         self.current = version
         self.canary = None  # recomputed from the restored weights before the next step
+
+
+def _rl_score(s: Sample) -> int:
+    """The score the RL term uses: 0 for a distillation-only sample."""
+    return 0 if s.kind == "opd" else s.score
 
 
 def local_model_dir(spec: Path | str) -> Path:

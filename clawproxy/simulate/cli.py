@@ -120,5 +120,7 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         click.echo(f"judge vs the simulator's intended verdicts: right {a['right']}, zero {a['zero']}, "
                    f"wrong sign {a['wrong']}, unjudged {a['unjudged']}")
     if curve.samples:
-        click.echo("interactions -> training samples: " + ", ".join(f"{k} {v}" for k, v in curve.samples.items()))
+        trained = sum(v for k, v in curve.samples.items() if k.startswith("trained"))
+        click.echo(f"interactions -> training samples: {trained} of {sum(curve.samples.values())} trained; "
+                   + ", ".join(f"{k} {v}" for k, v in curve.samples.items()))
     click.echo(f"wall {curve.wall_s:.0f}s; curve: {j}  plot: {p}")

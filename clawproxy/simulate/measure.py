@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -201,7 +202,8 @@ class LiveTable:
     def __init__(self, console: Any = None) -> None:
         from rich.console import Console
 
-        self.console = console or Console()
+        # rich wraps at 80 columns when not on a terminal: a log file would lose the last columns
+        self.console = console or Console(width=None if sys.stdout.isatty() else 160)
         self._header_done = False
 
     def add(self, label: str, point: CurvePoint) -> None:

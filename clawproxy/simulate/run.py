@@ -141,12 +141,14 @@ class StoreView:
         return out
 
     def sample_accounting(self, interactions: list[Interaction]) -> dict[str, int]:
-        """What became of each interaction: trained, or why not (the trainer's skip reason, the
-        recorder's reason for an untrainable turn, not judged yet, judged but not consumed yet)."""
+        """What became of each interaction: trained (by sample kind: rl, rl_opd, opd), or why not
+        (the trainer's skip reason, the recorder's reason for an untrainable turn, not judged yet,
+        judged but not consumed yet)."""
         out: dict[str, int] = {}
         for _, row in self._turn_rows(interactions):
-            if self.store.was_trained(row["id"]):
-                key = "trained"
+            kind = self.store.trained_kind(row["id"])
+            if kind is not None:
+                key = f"trained:{kind}" if kind else "trained"
             elif not row["trainable"]:
                 key = f"not_trainable:{row['reason'] or 'unknown'}"
             elif row["score"] is None:

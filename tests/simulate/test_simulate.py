@@ -10,6 +10,7 @@ import pytest
 from clawproxy.degenerate import degeneracy
 from clawproxy.simulate.measure import (
     Curve,
+    LiveTable,
     make_point,
     plot_png,
     read_json,
@@ -244,3 +245,11 @@ def test_bench_summary_gives_mean_and_spread_over_seeds():
     assert at36["n"] == 3 and at36["mean"] == 0.333 and at36["min"] == 0.0 and at36["max"] == 1.0
     assert at36["sd"] > 0.4 and row["cut_off"][36] == round(1 / 6, 3)  # seed 1: a short answer, cut off, is a miss
     assert [r["samples"] for r in summary["runs"]] == [{"trained": 2}] * 3
+
+
+def test_live_table_keeps_every_column_in_a_log_file(capsys):
+    """Redirected to a file (a long run under nohup), the table still has its last columns."""
+    graded = score_answers(["How do I boil an egg?"], [SHORT], is_concise, cut_off=[True])
+    LiveTable().add("combined/full", make_point(36, graded, 7, 1234.0))
+    out = capsys.readouterr().out
+    assert "t (s)" in out and "1234" in out and "cut off" in out

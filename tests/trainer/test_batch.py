@@ -87,15 +87,29 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
     assert sample.behaviour_logps == [-1.0] * 8 and sample.score == 1
 
 
-def test_truncated_answers_never_train(store):
-    """A cut-off answer is skipped whatever the judge said of it, rejected, praised or neutral."""
-    scored = {score: insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length",
-                                 score=score, hint="Too long." if score <= 0 else None)
-              for score in (-1, 0, 1)}
-    finished = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=-1)
+def test_a_cut_off_answer_trains_by_distillation_only_when_it_has_a_hint(store):
+    """A cut-off answer never gets an RL term: with a hint it is a distillation-only sample (kind
+    ``opd``), without one it is skipped ``truncated``, whatever the judge said; method rl skips all."""
+    hinted = {score: insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length",
+                                 score=score, hint="Too long.")
+              for score in (-1, 0)}
+    bare = {score: insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length",
+                               score=score) for score in (-1, 0, 1)}
+    finished = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=-1, hint="Too long.")
+    plain = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=1)
+    zero_hint = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=0, hint="Shorter.")
+
     sel = select_samples(store, TrainerConfig(), 0)
-    assert [s.turn_id for s in sel.samples] == [finished]
-    assert sel.skipped == {t: "truncated" for t in scored.values()}
+    assert {s.turn_id: s.kind for s in sel.samples} == {
+        hinted[-1]: "opd", hinted[0]: "opd", finished: "rl_opd", plain: "rl", zero_hint: "opd"}
+    assert sel.skipped == {t: "truncated" for t in bare.values()}
+
+    rl = select_samples(store, TrainerConfig(method="rl"), 0)
+    assert {s.turn_id: s.kind for s in rl.samples} == {finished: "rl", plain: "rl"}
+    assert {rl.skipped[t] for t in (*hinted.values(), *bare.values())} == {"truncated"}
+
+    opd = select_samples(store, TrainerConfig(method="opd"), 0)
+    assert {s.kind for s in opd.samples} == {"opd"} and hinted[-1] in {s.turn_id for s in opd.samples}
 
 
 def test_trained_samples_are_not_selected_again(store):

@@ -339,6 +339,9 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
     assert Trainer.score_baselines(me, [sample(1, -1), sample(2, -1)]) == {1: -1.0, 2: -1.0}
     assert Trainer.score_baselines(me, [sample(1, 1), sample(2, -1), sample(3, 0)]) == {1: -1.0, 2: 1.0, 3: 0.0}
     assert Trainer.score_baselines(me, [sample(1, 1)]) == {1: 0.0}
+    distilled = sample(4, -1)
+    distilled.kind = "opd"  # a cut-off answer trained by distillation alone: its -1 is no RL score
+    assert Trainer.score_baselines(me, [sample(1, 1), distilled]) == {1: 0.0, 4: 1.0}
     old = [insert_turn(store, prompt_ids=[1], completion_ids=[2], score=s) for s in (1, 1, -1, -1, -1, 0)]
     step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
     for t in old:
@@ -347,6 +350,44 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
     assert Trainer.score_baselines(me, [sample(7, 1), sample(8, -1)]) == pytest.approx({7: -0.6, 8: -0.2})
     me.tcfg = rig(baseline_window=0)[0].trainer
     assert Trainer.score_baselines(me, [sample(7, 1)]) == {7: 0.0}
+
+
+def test_a_cut_off_answer_with_a_hint_trains_by_distillation_alone(rig, tiny_model_dir):
+    """Its loss is the OPD term only: the same answer scored -1 or +1 gives the same loss, and the
+    same answer finished (not cut off) does not. It moves the weights, is recorded as kind 'opd',
+    and its score stays out of the RL baseline."""
+    cfg, store = rig()
+    prompt = _prompt(tiny_model_dir)
+    rng = random.Random(3)
+    completion = [rng.randrange(100, 5000) for _ in range(8)]
+    tr = _trainer(cfg, store)
+
+    def loss(score, finish_reason):
+        t = insert_turn(store, prompt_ids=prompt, completion_ids=completion, logps=[-10.8] * 8, score=score,
+                        hint="Answer in one word.", messages=MESSAGES, finish_reason=finish_reason)
+        (s,) = [s for s in tr.collect() if s.turn_id == t]
+        m = tr.forward_backward([s])
+        tr.optimizer.zero_grad(set_to_none=True)
+        store.record_skipped({t: "test"})  # out of the next collect
+        return s.kind, m
+
+    (k_neg, cut_neg), (k_pos, cut_pos) = loss(-1, "length"), loss(1, "length")
+    k_fin, fin = loss(-1, "stop")
+    assert (k_neg, k_pos, k_fin) == ("opd", "opd", "rl_opd")
+    assert cut_neg["loss"] == pytest.approx(cut_pos["loss"]) and cut_neg["opd_samples"] == 1
+    assert abs(fin["loss"] - cut_neg["loss"]) > 0.1  # the finished one carries the RL term (-1 x 8 tokens)
+
+    cut = insert_turn(store, prompt_ids=prompt, completion_ids=completion, logps=[-10.8] * 8, score=-1,
+                      hint="Answer in one word.", messages=MESSAGES, finish_reason="length")
+    plain = _add(store, tiny_model_dir, 1, seed=4, hint=None)
+    before = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    (result,) = tr.run(steps=1)
+    assert result.status == "published" and result.metrics["kinds"] == {"opd": 1, "rl": 1}
+    assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+    rows = store.query("SELECT turn_id, kind FROM trained_samples ORDER BY turn_id")
+    assert rows == [{"turn_id": cut, "kind": "opd"}, {"turn_id": plain[0], "kind": "rl"}]
+    assert store.recent_trained_scores(10) == [1]  # the cut-off answer's -1 is not an RL score
+    assert store.trained_kind(cut) == "opd" and store.trained_by_kind() == {"opd": 1, "rl": 1}
 
 
 def test_a_sample_whose_teacher_prompt_is_too_long_is_skipped_with_its_reason(rig, tiny_model_dir):
