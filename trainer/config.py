@@ -57,7 +57,9 @@ class TrainerConfig:
     max_grad_norm: float = setting(1.0, "Gradient norm clip (the pre-clip norm is logged and gated).", gt=0)
     max_staleness: int = setting(4, "Drop samples generated more than this many weight versions ago.", ge=0)
     max_seq_len: int = setting(
-        4096, "Drop samples whose prompt + completion is longer than this (reason too_long).", ge=1
+        8192, "Drop samples whose prompt + completion is longer than this (reason too_long). The default "
+        "holds a whole OpenClaw turn of the default model (8k context); on CPU a 7k-token sample "
+        "peaks near 14 GB (full fine-tuning): lower it on smaller machines.", ge=1
     )
     epsilon_low: float = setting(
         0.2, "PPO clip: the ratio to the behaviour policy is kept above 1 - epsilon_low.", ge=0, lt=1

@@ -189,8 +189,10 @@ def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, 
 def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
     """The default engine and model, configured only by `openclaw-config --write`: three messages in
     one session get real answers (OpenClaw leaves them the whole maxTokens, not 1 token), recorded
-    as linked turns that say why they are (not) trainable, and judged."""
-    proc, port, data = _start(tmp_path, "--engine-port", str(free_port()), "--no-train")
+    as linked turns that say why they are (not) trainable, judged, and trained on by the real
+    trainer, which publishes into the serving engine."""
+    engine_port = free_port()
+    proc, port, data = _start(tmp_path, "--engine-port", str(engine_port), "--no-train")
     try:
         home = tmp_path / "home"
         cfg_path = _write_config(home, port)
@@ -219,5 +221,21 @@ def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
             assert t["reason"] == ("truncated" if t["finish_reason"] == "length" else "ok"), t
             _wait(lambda t=t: _query(data, "SELECT 1 FROM judgments WHERE turn_id=?", (t["id"],)),
                   180, f"turn {t['id']} judged")
+
+        # One real step on what was judged (a cut-off answer the user corrected trains by
+        # distillation from the hinted teacher), published into the engine that keeps serving.
+        r = subprocess.run([sys.executable, "-m", "clawproxy.cli", "train", "--data-dir", str(data),
+                            "--steps", "1", "--batch-size", "1", "--engine-url",
+                            f"http://127.0.0.1:{engine_port}"], capture_output=True, text=True, timeout=1500,
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        (step,) = _query(data, "SELECT * FROM train_steps")
+        trained = _query(data, "SELECT turn_id, kind FROM trained_samples")
+        assert len(trained) == 1 and trained[0]["turn_id"] in (turns[0]["id"], turns[1]["id"]), trained
+        assert step["status"] in ("published", "gate_failed"), step
+        if step["status"] == "published":  # the serving engine took it
+            from clawproxy.engine.client import EngineClient
+
+            assert EngineClient(f"http://127.0.0.1:{engine_port}").weight_version() == step["new_version"]
     finally:
         _stop(proc)
