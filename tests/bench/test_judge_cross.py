@@ -38,6 +38,7 @@ def test_smoke_run_on_a_slice_never_reads_heldout(tmp_path, monkeypatch):
     assert set(read) == {"train", "validation"}
     (row,) = result["epochs"]
     assert row["loss"] > 0 and 0 <= result["embedding_voter"]["accuracy"] <= 1
+    assert len(result["embedding_voter"]["other_seeds"]) == 3
     for key in ("cross_alone", "mixed_with_embedding", "agreement"):
         assert row[key]["accuracy"] == 0.0 or row[key]["fpr"] <= 0.05
     assert result["latency"]["ms_per_vote_1_threads"] > 0
