@@ -186,6 +186,7 @@ def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # three 512-token answers and a train step on a 2-core CPU
 def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
     """The default engine and model, configured only by `openclaw-config --write`: three messages in
     one session get real answers (OpenClaw leaves them the whole maxTokens, not 1 token), recorded
