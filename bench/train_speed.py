@@ -1,9 +1,9 @@
 """Trainer benchmark: training tokens/s and peak memory, full and LoRA, against a plain PyTorch
 loop on the same batch; and the time from "batch ready" to "new weights serving" in a live engine.
 
-    .venv/bin/python bench/trainer.py                 # default model (SmolLM2-135M), CPU
-    .venv/bin/python bench/trainer.py --steps 5 --no-engine
-    .venv/bin/python bench/trainer.py --model /path/to/hf-dir --device cuda
+    .venv/bin/python bench/train_speed.py                 # default model (SmolLM2-135M), CPU
+    .venv/bin/python bench/train_speed.py --steps 5 --no-engine
+    .venv/bin/python bench/train_speed.py --model /path/to/hf-dir --device cuda
 
 Each configuration runs in its own subprocess so peak memory (max RSS on CPU, max allocated on
 CUDA) belongs to it alone. The batch: ``--batch-size`` judged turns of the model's own chat
