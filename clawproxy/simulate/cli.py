@@ -29,7 +29,7 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
               help="A running `clawproxy start` (e.g. http://127.0.0.1:8080). Without it, a fresh system is started.")
 @click.option("--engine-url", default=None,
               help="The engine serving the weights, for measurement (default: the started system's engine; "
-                   "with --proxy-url and no --engine-url, measurement goes through the proxy with X-Clawproxy-Eval: 1).")
+                   "with --proxy-url and no --engine-url, measurement goes through the proxy, a session per answer, so none is ever judged).")
 @click.option("--data-dir", default=None,
               help="Data dir of the system (its store gives judge scores). Default for a started system: "
                    "./clawproxy-simulate-<time>.")

@@ -28,7 +28,6 @@ from clawproxy.simulate.personas import ScriptedPersona
 from clawproxy.simulate.prompts import SYSTEM_PROMPT
 
 CTX_MARKER = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
-EVAL_HEADER = "X-Clawproxy-Eval"
 
 
 class SimulationError(ClawproxyError):
@@ -213,7 +212,7 @@ async def answer_heldout(http: aiohttp.ClientSession, base_url: str, prompts: li
     async def one(i: int, prompt: str) -> Completion:
         headers = {"Authorization": f"Bearer {api_key}"}
         if via_proxy:
-            headers.update({EVAL_HEADER: "1", "X-Session-Id": f"{sid}-{i}"})
+            headers["X-Session-Id"] = f"{sid}-{i}"
         body = {"model": model, "messages": [{"role": "system", "content": system_prompt},
                                              {"role": "user", "content": prompt}],
                 "stream": True, "max_completion_tokens": max_tokens, "temperature": 0.0, "seed": seed}

@@ -47,7 +47,7 @@ log = logging.getLogger("clawproxy.simulate")
 @dataclass
 class SimSettings:
     proxy_url: str = "http://127.0.0.1:8080"
-    eval_url: str | None = None  # engine base URL; None: through the proxy with X-Clawproxy-Eval
+    eval_url: str | None = None  # engine base URL; None: through the proxy, a session per answer
     data_dir: str | None = None  # the store to read judge scores from (and write oracle judgments to)
     persona: str = "concise"
     interactions: int = 36

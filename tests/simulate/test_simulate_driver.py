@@ -109,7 +109,6 @@ async def test_heldout_answers_are_greedy_and_marked(aiohttp_server):
     assert [c.text.split()[0] for c in comps] == ["A?", "B?"]
     for r in fake.requests:
         assert r["body"]["temperature"] == 0.0 and r["body"]["seed"] == 5
-        assert r["headers"]["X-Clawproxy-Eval"] == "1"
     sids = {r["headers"]["X-Session-Id"] for r in fake.requests}
     assert len(sids) == 2  # a session per prompt: never a trainable next state
 
