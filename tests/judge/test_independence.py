@@ -15,6 +15,7 @@ import pytest
 
 from clawproxy.simulate.personas import complaint_fields, load_feedback
 from judge.eval.dataset import load_cases
+from judge.hints import _SENTENCE, TRANSITIONS
 from judge.lexical import CUE_PATTERNS
 
 
@@ -53,6 +54,40 @@ def test_the_check_catches_a_cue_written_for_the_simulator():
         assert ("complaint", re.escape(phrase), phrase) not in coupled_patterns(bank_phrases(), [*train, phrase])
     finally:
         CUE_PATTERNS.pop()
+
+
+def _opens(opener: str, text: str) -> bool:
+    return re.match(rf"^\s*(?:{opener})\b", text.replace("\u2019", "'"), re.IGNORECASE) is not None
+
+
+def coupled_transitions(openers, bank: list[str], train_texts: list[str]) -> list[tuple[str, str]]:
+    """(opener, bank transition) for each hint opener the simulator uses and no train sentence opens with."""
+    sentences = [s for t in train_texts for s in _SENTENCE.split(" ".join(t.split())) if s]
+    out = []
+    for opener in openers:
+        hits = [t for t in bank if _opens(opener, t)]
+        if hits and not any(_opens(opener, s) for s in sentences):
+            out.append((opener, hits[0]))
+    return out
+
+
+def bank_transitions() -> list[str]:
+    fb = load_feedback()
+    every = [*fb.transitions, *(t for p in fb.personas.values() for t in p.transitions or [])]
+    return [t.replace("{q}", "what is a GPU?") for t in every]
+
+
+def test_no_hint_transition_exists_only_to_match_the_simulator():
+    train = [c.inp.next_state for c in load_cases("train")]
+    assert coupled_transitions(TRANSITIONS, bank_transitions(), train) == []
+
+
+def test_the_check_catches_a_transition_written_for_the_simulator():
+    """An opener only the bank uses is reported; one a train case also opens with is not."""
+    train = [c.inp.next_state for c in load_cases("train")]
+    bank = ["zzyzx, what is a GPU?"]
+    assert coupled_transitions(["zzyzx"], bank, train) == [("zzyzx", bank[0])]
+    assert coupled_transitions(["zzyzx"], bank, [*train, "Thanks. Zzyzx, a new question."]) == []
 
 
 @pytest.mark.parametrize("split", ["train", "validation", "heldout"])
