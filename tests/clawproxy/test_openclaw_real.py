@@ -215,7 +215,7 @@ def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
         assert turns[0]["next_turn_id"] == turns[1]["id"] and turns[1]["next_turn_id"] == turns[2]["id"]
         for t in turns:
             assert t["status"] == "ok" and t["request_params"]["max_completion_tokens"] == 512, t
-            assert len(t["completion_token_ids"]) >= 8  # a real answer, not OpenClaw's 1-token clamp
+            assert len(t["completion_token_ids"]) >= 3  # a real answer (a short one is fine), not the 1-token clamp
             assert t["finish_reason"] in ("stop", "length")
         for t in turns[:2]:  # both have a next state: judged, even an answer cut at the cap
             assert t["trainable"] == 1

@@ -117,10 +117,10 @@ async def test_judge_trainer_and_engine_metrics_come_from_the_store(rig):
                                               "next_turn_id": nxt})
         store.record_skipped({t3: "score_0"})
         store.record_step(method="combined", base_version=0, new_version=1, status="published",
-                          metrics={"loss": 0.5, "kl": 0.01, "reload_s": 0.7}, turn_ids=[t1, t2],
+                          metrics={"loss": 0.5, "kl": 0.01, "reload_s": 0.7}, kinds={t1: "rl", t2: "rl"},
                           checkpoint={"path": "/x/v1", "kind": "full", "gate": {}, "engine": True})
         store.record_step(method="combined", base_version=1, new_version=None, status="gate_failed",
-                          metrics={"loss": 2.5, "kl": 0.3}, turn_ids=[])
+                          metrics={"loss": 2.5, "kl": 0.3}, kinds={})
     finally:
         store.close()
 
