@@ -3,7 +3,8 @@
 Starts `clawproxy start --no-train` (embedded engine, bundled default model) on loopback, writes
 OpenClaw's config with `clawproxy openclaw-config --write` (the profile it picks for the model),
 sends one conversation of N messages through the real client (`openclaw agent --local`, one
-session), and prints per recorded turn: kind, prompt tokens, TTFT and total time as the proxy
+session), and prints per recorded turn: kind, prompt tokens (and how many of them the engine's
+prefix cache held, from usage.prompt_tokens_details), TTFT and total time as the proxy
 measured them, completion tokens and decode tok/s, with the load average beside them.
 
     .venv/bin/python bench/openclaw_ttft.py [--messages 2] [--profile lean] [--max-tokens 512]
@@ -88,7 +89,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for t in store.turns_page(None, 0, 100):
             n = len(t["completion_token_ids"] or [])
             decode_s = ((t["total_ms"] or 0) - (t["ttft_ms"] or 0)) / 1000
+            usage = t["usage"] if isinstance(t["usage"], dict) else json.loads(t["usage"] or "{}")
             rows.append({"turn": t["id"], "kind": t["kind"], "prompt_tokens": len(t["prompt_token_ids"] or []),
+                         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                          "ttft_s": round((t["ttft_ms"] or 0) / 1000, 2),
                          "total_s": round((t["total_ms"] or 0) / 1000, 2), "completion_tokens": n,
                          "decode_tok_s": round((n - 1) / decode_s, 2) if n > 1 and decode_s > 0 else None,

@@ -96,6 +96,7 @@ class StepEvent:
     finish_reason: str | None = None  # stop | length | abort
     stop_reason: str | int | None = None
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass
@@ -113,6 +114,7 @@ class GenRequest:
     kv_version: int = -1  # weight version that computed this request's first KV entries
     cache: Any = None  # own KV cache while prefilling (None before the first chunk)
     prefilled: int = 0  # prompt tokens in ``cache``
+    cached_tokens: int = 0  # of those, taken from the prefix cache
 
 
 class Engine:
@@ -389,6 +391,7 @@ class Engine:
             if req.cache is None:
                 req.kv_version = self._version
                 req.cache, req.prefilled = self._cached_prefix(req.prompt_ids)
+                req.cached_tokens = req.prefilled
             end = len(req.prompt_ids) if budget is None else min(len(req.prompt_ids), req.prefilled + budget)
             ids = torch.tensor([req.prompt_ids[req.prefilled : end]], dtype=torch.long, device=self.device)
             out = self.model(input_ids=ids, cache=req.cache, use_cache=True, logits_to_keep=1)
@@ -587,6 +590,7 @@ class Engine:
                 weight_version=self._version,
                 finish_reason=finish,
                 stop_reason=stop_reason,
+                cached_tokens=req.cached_tokens,
             )
         )
 

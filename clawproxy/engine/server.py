@@ -384,11 +384,11 @@ async def _write_stream(
 
     first_extra = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
     await resp.write(_sse(chunk({"role": "assistant", "content": ""}, engine.weight_version, **first_extra)))
-    n_completion = 0
+    n_completion, cached = 0, 0
     version = engine.weight_version
     while True:
         ev = await queue.get()
-        version = ev.weight_version
+        version, cached = ev.weight_version, ev.cached_tokens or cached
         n_completion += len(ev.token_ids)
         if ev.error:
             await resp.write(_sse(error_body(ClawproxyError(ev.error), vllm=True)))
@@ -423,14 +423,17 @@ async def _write_stream(
         if ev.finish_reason is not None:
             break
     if job.include_usage:
-        usage = {
-            "prompt_tokens": len(job.prompt_ids),
-            "completion_tokens": n_completion,
-            "total_tokens": len(job.prompt_ids) + n_completion,
-        }
+        usage = _usage(len(job.prompt_ids), n_completion, cached)
         await resp.write(_sse({**base, "choices": [], "usage": usage, "weight_version": version}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    """OpenAI usage, with vLLM's prompt_tokens_details.cached_tokens (serving.py
+    _make_prompt_tokens_details, there behind --enable-prompt-tokens-details; always on here)."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def _complete(
@@ -474,11 +477,7 @@ async def _complete(
         **meta,
         "object": "chat.completion",
         "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(job.prompt_ids),
-            "completion_tokens": len(token_ids),
-            "total_tokens": len(job.prompt_ids) + len(token_ids),
-        },
+        "usage": _usage(len(job.prompt_ids), len(token_ids), max(ev.cached_tokens for ev in events)),
         "weight_version": final.weight_version,
     }
     if job.return_token_ids:

@@ -152,6 +152,7 @@ def test_openclaw_turn_two_prefills_only_its_new_tokens(tiny, make_engine, openc
     seen = turn1.req.prompt_ids + turn1.ids[:-1]
     common = next(i for i, (a, b) in enumerate(zip(seen, turn2_ids, strict=False)) if a != b)
     assert shared > 900 and reused == common >= shared  # all that turn 1 had in common
+    assert turn2.events[-1].cached_tokens == common  # what the server reports as usage.cached_tokens
     assert turn2.logprobs == pytest.approx(forward_logprobs(model, turn2_ids, turn2.ids), abs=2e-3)
 
 

@@ -57,8 +57,11 @@ def test_non_stream_token_ids_and_logprobs_match_a_forward_pass(engine_url, tiny
     choice = body["choices"][0]
     ids = choice["token_ids"]
     assert len(ids) == 12 and choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": len(body["prompt_token_ids"]), "completion_tokens": 12,
-                             "total_tokens": len(body["prompt_token_ids"]) + 12}
+    n = len(body["prompt_token_ids"])
+    cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12,
+                             "prompt_tokens_details": {"cached_tokens": cached}}
+    assert cached in (0, n - 1)  # nothing, or all but the token the logits come from
     entries = choice["logprobs"]["content"]
     got = [e["logprob"] for e in entries]
     # Raw log-probs (vLLM's default logprobs_mode): the model's distribution before temperature.
@@ -81,6 +84,8 @@ def test_stream_matches_non_stream_with_the_same_seed(engine_url):
     assert all(c["object"] == "chat.completion.chunk" and c["weight_version"] == 0 for c in chunks)
     usage = chunks[-1]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 10
+    # the same prompt again: all of it but the last token comes from the prefix cache
+    assert usage["usage"]["prompt_tokens_details"] == {"cached_tokens": len(full["prompt_token_ids"]) - 1}
     body = chunks[1:-1]
     ids = [t for c in body for t in c["choices"][0].get("token_ids", [])]
     lps = [e["logprob"] for c in body if c["choices"][0]["logprobs"]
