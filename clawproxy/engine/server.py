@@ -12,6 +12,8 @@ Wire shapes follow vLLM's OpenAI server (``vllm/entrypoints/openai/chat_completi
 - ``logprobs`` / ``top_logprobs``: ``choices[i].logprobs.content[*]`` with ``token``, ``logprob``,
   ``bytes``, ``top_logprobs``; -inf is clamped to -9999.0 as vLLM does;
 - ``stop_reason`` next to ``finish_reason`` (the stop string or EOS id that ended generation);
+- ``usage.prompt_tokens_details.cached_tokens``: the prompt tokens the prefix cache held (vLLM
+  sends it with ``--enable-prompt-tokens-details``; OpenClaw reads it as its cache-read count);
 - errors: ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
 
 Ours on top: a top-level integer ``weight_version`` on every response and chunk (the weights
