@@ -45,3 +45,14 @@ async def wait_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url} did not answer 200 within {timeout} s")
             await asyncio.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen, grace: float = 60) -> None:
+    """Terminate ``proc`` (if still running), killing it when it outlives ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

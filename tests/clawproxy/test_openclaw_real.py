@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from clawproxy.cli import main
 from clawproxy.store import Store
 from tests.clawproxy.test_supervisor import wait_http
-from tests.net import held_port
+from tests.net import held_port, stop
 from tests.openclaw_client import OpenClaw, ensure_openclaw
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,16 +52,6 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
                             env=env, cwd=ROOT)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def fake_upstream(tmp_path):
     port = free_port()
@@ -70,7 +60,7 @@ def fake_upstream(tmp_path):
         wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=30)
         yield f"http://127.0.0.1:{port}"
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:
@@ -80,7 +70,7 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=300)
     except AssertionError:
-        _stop(proc)
+        stop(proc)
         raise AssertionError((tmp_path / "clawproxy.log").read_text()[-4000:]) from None
     return proc, port, data
 
@@ -160,7 +150,7 @@ def test_tool_call_round_trip_is_recorded_with_its_next_state(openclaw, fake_ups
         assert "→ read(path=hello.txt)" in r.output
         assert "tool result" in r.output and "marmalade" in r.output
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, fake_upstream, tmp_path):
@@ -182,7 +172,7 @@ def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, 
         assert {"memory_flush", "compaction"} <= kinds, side
         assert all(t["trainable"] == 0 for t in side)
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.mark.slow
@@ -239,4 +229,4 @@ def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
 
             assert EngineClient(f"http://127.0.0.1:{engine_port}").weight_version() == step["new_version"]
     finally:
-        _stop(proc)
+        stop(proc)

@@ -31,7 +31,7 @@ import pytest
 
 from clawproxy.store import Store
 from tests.clawproxy.test_supervisor import wait_http, wait_until
-from tests.net import held_port
+from tests.net import held_port, stop
 from tests.rig.proc_rig import FakeProc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +55,7 @@ def _start(args: list[str], log: Path) -> Iterator[subprocess.Popen]:
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
 
 
 def _chat(port: int, messages: list[dict[str, Any]], session: str, **extra: Any) -> tuple[dict, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.net import held_port
+from tests.net import held_port, stop
 
 
 @contextlib.contextmanager
@@ -51,12 +51,7 @@ def _engine_on(port: int, model_dir: Path, data_dir: Path, extra: tuple[str, ...
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=15)
 
 
 @dataclass
