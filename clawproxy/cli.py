@@ -12,6 +12,7 @@ import click
 
 from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options
 from clawproxy.errors import ClawproxyError
+from clawproxy.models_cli import models
 from clawproxy.sessions_cli import openclaw_config, sessions
 from clawproxy.simulate.cli import simulate
 from judge.cli import judge
@@ -37,7 +38,7 @@ def main() -> None:
 @click.option("--upstream", default=None, help="Existing OpenAI-compatible server (no embedded engine).")
 @click.option("--host", default=None, help="Proxy bind address (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Proxy port (default 8080).")
-@click.option("--model", default=None, help="Model for the embedded engine: HF id, local dir or .gguf.")
+@click.option("--model", default=None, help="Model for the embedded engine: a name from `clawproxy models`, HF id, local dir or .gguf.")
 @click.option("--engine-port", type=int, default=None, help="Embedded engine port (default 8081).")
 @click.option("--no-judge", is_flag=True, help="Do not run the judge worker.")
 @click.option("--no-train", is_flag=True, help="Do not run the trainer.")
@@ -61,7 +62,7 @@ def start(config_path, data_dir, upstream, host, port, model, engine_port, no_ju
     run(cfg)
 
 
-for _cmd in (sessions, openclaw_config, judge, train, rollback, stats, simulate):
+for _cmd in (sessions, models, openclaw_config, judge, train, rollback, stats, simulate):
     main.add_command(_cmd)
 
 

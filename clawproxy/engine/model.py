@@ -5,6 +5,8 @@
   wheel. transformers dequantizes GGUF through the ``gguf`` package but refuses to
   ``save_pretrained`` a GGUF-loaded model, so we build a plain model from its config, load the
   state dict and save that once as safetensors under ``<data_dir>/models/`` (or the shared cache).
+- a named model (``clawproxy.catalog``, e.g. ``qwen2.5-coder-1.5b``): fetched as verified bytes,
+  converted the same way into the shared model cache.
 - a path to a ``.gguf`` file: converted the same way.
 - a local directory: used as is.
 - anything else: a Hugging Face model id, resolved by transformers (its own cache and hub rules).
@@ -21,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from clawproxy import catalog
 from clawproxy.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,40 +46,66 @@ def default_gguf_path() -> Path:
 
 
 def cache_dir(data_dir: str | os.PathLike | None) -> Path:
-    """Where converted models live: ``$CLAWPROXY_MODEL_CACHE``, else ``<data_dir>/models``."""
-    env = os.environ.get("CLAWPROXY_MODEL_CACHE")
-    if env:
-        return Path(env)
-    if data_dir is None:
-        return Path.home() / ".cache" / "clawproxy" / "models"
+    """Where converted ``default`` and ``.gguf`` models live: ``$CLAWPROXY_MODEL_CACHE``, else
+    ``<data_dir>/models``, else ``~/.cache/clawproxy/models``. Named models always use the shared
+    cache (``catalog.model_cache_dir()``): a gigabyte download should survive a data-dir wipe."""
+    if os.environ.get("CLAWPROXY_MODEL_CACHE") or data_dir is None:
+        return catalog.model_cache_dir()
     return Path(data_dir) / "models"
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """Dequantize a GGUF file into a float32 safetensors checkpoint at ``out_dir`` (atomically)."""
+def convert_gguf(gguf_path: Path, out_dir: Path, *, eos_tokens: tuple[str, ...] = (),
+                 source: dict[str, Any] | None = None) -> Path:
+    """Dequantize a GGUF file into a float32 safetensors checkpoint at ``out_dir`` (atomically).
+
+    ``eos_tokens``: the tokens that end an answer, written as the generation config's
+    ``eos_token_id`` (vLLM and ``generate`` stop on it; the GGUF names only one). ``source``: written
+    as ``catalog.SOURCE_FILE``, so a finished conversion can be told from a stale one.
+    """
+    import json
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to safetensors in %s (once)", gguf_path.name, out_dir)
     src_dir, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = gguf_chat_template(gguf_path)
     gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
-    # Tied embeddings show up as a missing lm_head; anything else means a broken conversion.
-    missing = [k for k in missing if k != "lm_head.weight"]
+    del gguf_model  # free the dequantized copy before saving (1.5B: 6 GB)
+    # Tied embeddings show up as a missing lm_head; anything else (an untied model without one would
+    # keep a random lm_head) means a broken conversion.
+    missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
     if missing or unexpected:
         raise ConfigError(f"GGUF conversion of {gguf_path} mismatched: missing={missing} unexpected={unexpected}")
     model.tie_weights()
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
+        if eos_tokens:
+            ids = [tokenizer.convert_tokens_to_ids(t) for t in eos_tokens]
+            if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids):
+                raise ConfigError(f"{gguf_path.name}: the vocabulary lacks one of {eos_tokens}")
+            model.generation_config.eos_token_id = ids
 
     def save(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if source is not None:
+            (tmp / catalog.SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
 
     return write_dir_atomically(out_dir, save)
+
+
+def gguf_chat_template(gguf_path: Path) -> str | None:
+    """The ``tokenizer.chat_template`` a GGUF file carries in its metadata (None when it has none)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
+    return bytes(field.parts[field.data[0]]).decode() if field is not None else None
 
 
 def write_dir_atomically(out_dir: Path, save: Any) -> Path:
@@ -130,6 +159,8 @@ def resolve_model(spec: str, data_dir: str | os.PathLike | None = None) -> Path 
         if not (out / "config.json").exists():
             convert_gguf(gguf, out)
         return out
+    if spec in catalog.MODELS:
+        return catalog.fetch(spec)
     path = Path(os.path.expanduser(spec))
     if path.suffix == ".gguf":
         if not path.exists():
