@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter, ValidationError
 
 from clawproxy.errors import ConfigError
-from clawproxy.fields import STRICT, Dtype, setting
+from clawproxy.fields import STRICT, setting
 from judge.config import JudgeConfig
 from trainer.config import TrainerConfig
 
@@ -145,7 +145,10 @@ class EngineConfig:
         8081, "Engine port; 0 picks a free one and logs it (`python -m clawproxy.engine` alone).",
         ge=0, le=65535,
     )
-    dtype: Dtype = setting("float32", "Weights dtype: float32, bfloat16 or float16.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", "Serving dtype. auto: the named model's (`clawproxy models list`), else float32 on "
+        "CPU (the trainer's log-probs exactly) and bfloat16 on GPUs."
+    )
     device: str = setting("cpu", "Where the engine runs: cpu, cuda, cuda:0 ...", pattern=r"^(cpu|cuda(:\d+)?)$")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
     max_model_len: int | None = setting(
@@ -267,6 +270,16 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        from clawproxy.catalog import lookup
+
+        named = lookup(self.engine.model)
+        if self.engine.dtype == "auto":
+            self.engine.dtype = named.serve_dtype if named else (
+                "float32" if self.engine.device == "cpu" else "bfloat16")
+        if self.trainer.finetune == "auto":
+            self.trainer.finetune = named.finetune if named else "full"
 
     @property
     def data_path(self) -> Path:

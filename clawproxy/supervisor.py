@@ -280,8 +280,8 @@ async def _main(cfg: Config) -> None:
         os.close(fd)
         run_config = _write_run_config(cfg, Path(tmp))
 
-    if cfg.engine.kind == "vllm" and cfg.proxy.upstream is not None:
-        await asyncio.to_thread(check_attached_vllm, cfg)
+    if cfg.engine.kind == "vllm" and cfg.proxy.upstream is not None and cfg.trainer.enabled:
+        await asyncio.to_thread(check_attached_vllm, cfg)  # only the trainer needs vLLM's control plane
     engine, workers = build_children(cfg, run_config)
     if engine is not None:
         _check_port_free(cfg.engine.host, cfg.engine.port)

@@ -86,8 +86,9 @@ class TrainerConfig:
         "'base' (the frozen starting model) or 'ema' (an exponential average of the policy).",
     )
     ema_rate: float = setting(0.05, "teacher=ema: update rate per step (TRL's teacher_update_rate).", gt=0, le=1)
-    finetune: Literal["full", "lora"] = setting(
-        "full", "'full' fine-tuning or 'lora' (PEFT adapter; checkpoints are adapters)."
+    finetune: Literal["auto", "full", "lora"] = setting(
+        "auto", "'full' fine-tuning, 'lora' (PEFT adapter; checkpoints are adapters), or auto: the "
+        "named model's choice (lora where full fine-tuning does not fit 24 GB), else full."
     )
     lora_r: int = setting(16, "LoRA rank.", ge=1)
     lora_alpha: int = setting(32, "LoRA alpha.", ge=1)
