@@ -247,7 +247,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 # -- control endpoints ---------------------------------------------------------------------------
 def _control(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     """A /clawproxy/* route behind the guard the engine uses too (clawproxy/edge.py)."""
-    return control_route(handler, lambda r: r.app[CONFIG_KEY].proxy.control_token, "proxy.control_token")
+    return control_route(handler, lambda r: r.app[CONFIG_KEY].proxy.control_token, "proxy.control_token",
+                         hosts=lambda r: r.app[CONFIG_KEY].proxy.host_names)
 
 
 async def health(request: web.Request) -> web.Response:

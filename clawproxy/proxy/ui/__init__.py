@@ -3,8 +3,9 @@
 - Server-rendered with aiohttp-jinja2 from ``templates/``; ``static/`` holds the page script, the
   style sheet and Chart.js 4.6.1 (``chart.umd.js`` from the npm tarball, with its license), so
   nothing is fetched at run time and there is no build step.
-- Access is the proxy's control guard (``clawproxy/edge.py``). Every action (POST) must carry
-  this process's CSRF token, which the pages embed; without it the answer is 403.
+- Access is the proxy's control guard (``clawproxy/edge.py``), Host check included. Every action
+  (POST) must carry this process's CSRF token, which the pages embed, and come from a page of the
+  same origin (``Origin`` or ``Sec-Fetch-Site``); otherwise the answer is 403.
 - The proxy's requests never wait on a page: every read goes through a read-only store connection
   (``Store.reader``) on the dashboard's own thread, off the event loop.
 - Rollback runs ``clawproxy rollback`` itself as a child process, so it is exactly the CLI's code
@@ -34,7 +35,7 @@ import orjson
 from aiohttp import web
 
 from clawproxy.config import Config
-from clawproxy.edge import check_control, error_response, same_secret
+from clawproxy.edge import check_control, error_response, same_origin, same_secret
 from clawproxy.errors import ClawproxyError, Forbidden, StoreError
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
@@ -120,7 +121,8 @@ async def _ctx(app: web.Application) -> AsyncIterator[None]:
 def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
-            check_control(request, request.app[UI_KEY].cfg.proxy.control_token, "proxy.control_token")
+            p = request.app[UI_KEY].cfg.proxy
+            check_control(request, p.control_token, "proxy.control_token", p.host_names)
         except ClawproxyError as err:
             return error_response(err)
         try:
@@ -329,6 +331,10 @@ async def versions(request: web.Request) -> web.Response:
 
 @guarded
 async def rollback(request: web.Request) -> web.Response:
+    if not same_origin(request):
+        return error_response(Forbidden("actions are taken only from the dashboard's own pages (the "
+                                        "browser's Origin or Sec-Fetch-Site header says otherwise)",
+                                        code="cross_origin"))
     form = await request.post()
     if not _csrf_ok(request, form):
         return error_response(Forbidden("missing or wrong CSRF token: reload the dashboard and try again",
