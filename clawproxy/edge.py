@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
-from clawproxy.errors import ClawproxyError, Forbidden, Unauthorized, error_body
+from clawproxy.errors import ClawproxyError, Forbidden, RequestError, Unauthorized, error_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -34,6 +34,25 @@ def error_response(err: ClawproxyError, *, vllm: bool = False) -> web.Response:
         headers["WWW-Authenticate"] = "Bearer"  # RFC 9110: a 401 names the scheme that would work
     return web.Response(status=err.status, body=orjson.dumps(error_body(err, vllm=vllm)),
                         content_type="application/json", headers=headers)
+
+
+SQLITE_INT_MAX = 2**63 - 1
+
+
+def query_int(request: web.Request, name: str, default: int, *, ge: int = 0,
+              le: int = SQLITE_INT_MAX) -> int:
+    """Query parameter ``name`` as an int in [ge, le] (SQLite's range by default), else ``RequestError``."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not ge <= value <= le:
+        raise RequestError(f"query parameter {name}={raw[:40]!r} must be an integer from {ge} to {le}.",
+                           param=name, code="invalid_query")
+    return value
 
 
 def has_bearer(request: web.Request, token: str) -> bool:

@@ -477,3 +477,20 @@ async def test_a_gate_refusal_shows_as_the_trainers_state_and_is_marked(make_rig
         (step, "gate_failed", ["kl_to_previous"])]
     async with rig.client.get(rig.url + "/clawproxy/ui/learning") as r:
         assert f"step {step} refused by the gate: kl_to_previous" in await r.text()
+
+
+async def test_query_parameters_out_of_range_are_a_json_400(make_rig):
+    rig = await make_rig()
+    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    await rig.wait_recorded(1)
+    live = rig.url + "/clawproxy/ui/api/live?after="
+    for bad in ("99999999999999999999", "9223372036854775808", "-2", "abc", "1e3", "0x10"):
+        async with rig.client.get(live + bad) as r:
+            assert r.status == 400, bad
+            assert r.content_type == "application/json", bad
+            err = (await r.json())["error"]
+            assert (err["param"], err["code"]) == ("after", "invalid_query"), bad
+    for ok, n in (("-1", 0), ("0", 1), ("9223372036854775807", 0), ("", 1)):
+        async with rig.client.get(live + ok) as r:
+            assert r.status == 200, ok
+            assert len((await r.json())["turns"]) == n, ok

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import sqlite3
 import sys
@@ -35,11 +36,12 @@ import orjson
 from aiohttp import web
 
 from clawproxy.config import Config
-from clawproxy.edge import check_control, error_response, same_origin, same_secret
-from clawproxy.errors import ClawproxyError, Forbidden, StoreError
+from clawproxy.edge import check_control, error_response, query_int, same_origin, same_secret
+from clawproxy.errors import ClawproxyError, Forbidden, RequestError, StoreError
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
 
+log = logging.getLogger("clawproxy.ui")
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 PREFIX = "/clawproxy/ui"
@@ -127,10 +129,17 @@ def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], An
             return error_response(err)
         try:
             return await handler(request)
+        except RequestError as e:
+            return error_response(e)
         except StoreError as e:
             return _page(request, "error.html", {"message": e.message}, status=503)
         except sqlite3.Error as e:  # a read that failed (disk, I/O): the page says so, the proxy goes on
             return _page(request, "error.html", {"message": f"reading the store failed: {e}"}, status=503)
+        except web.HTTPException:
+            raise  # a redirect the handler chose
+        except Exception:  # a bug of ours: logged with its traceback, the client gets JSON
+            log.exception("dashboard error on %s %s", request.method, request.path)
+            return error_response(ClawproxyError("internal dashboard error; see the clawproxy log"))
 
     wrapped.__name__ = handler.__name__
     return wrapped
@@ -381,10 +390,7 @@ async def _run_rollback(cfg: Config, version: str | None) -> tuple[bool, str]:
 async def api_live(request: web.Request) -> web.Response:
     """What changed: the newest ids, today's counters, the serving version and (``after``) the
     turns recorded since the turn id the page last saw."""
-    try:
-        after = int(request.query.get("after", "0"))
-    except ValueError:
-        after = 0
+    after = query_int(request, "after", 0, ge=-1)  # -1: the page wants no turns
 
     def read(s: Store) -> dict[str, Any]:
         serving = s.serving_checkpoint()
