@@ -518,6 +518,13 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
             if cfg.proxy.record_tokens and not st.token_fields_refused:
                 added = Added(logprobs="logprobs" not in obj,
                               token_ids="return_token_ids" not in obj)
+    except asyncio.CancelledError:  # the client hung up mid-body: an aborted turn, counted
+        st.aborted += 1
+        t.aborted = True
+        if cap is not None:
+            cap.status, cap.error, cap.t_end = "aborted", "client disconnected while sending the body", time.perf_counter()
+            app[RECORDER_KEY].submit(cap)
+        raise
     except RequestError as e:
         st.errors += 1
         if cap is not None:
