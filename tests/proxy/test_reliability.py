@@ -297,6 +297,27 @@ async def test_parser_rejects_log_no_traceback(rig, caplog):
     assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_error_answers_are_json_even_from_the_http_parser(rig):
+    # aiohttp's parser refusals and a missing static file were plain text, which an OpenAI client
+    # cannot parse; every error the proxy answers is the JSON error object
+    port = _port(rig)
+    junk = [b"GET /\x00 HTTP/1.1\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            b"\x16\x03\x01garbage\r\n\r\n", b"GET / HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"y" * 70000 + b"\r\n\r\n",
+            http_request("GET", b"/clawproxy/ui/static/nope.js"),
+            http_request("GET", b"/clawproxy/ui/static/.hidden")]
+    for req in junk:
+        status, out = await asyncio.to_thread(raw_request, port, req, 3.0)
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert status is not None and 400 <= status < 500, out[:300]
+        assert b"Content-Type: application/json" in head, out[:300]
+        err = orjson.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+    status, _, _ = await rig.chat(_body("still serving"))
+    assert status == 200
+
+
 async def test_non_utf8_header_bytes_are_forwarded_intact(rig):
     await rig.chat(_body("bytes"), {"Authorization": "Bearer sk-\udce9\udcff", "x-other": "\udcc3"})
     got = rig.fake.received[-1].headers

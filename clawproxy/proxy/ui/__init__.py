@@ -37,7 +37,7 @@ from aiohttp import web
 
 from clawproxy.config import Config
 from clawproxy.edge import check_control, error_response, query_int, same_origin, same_secret
-from clawproxy.errors import ClawproxyError, Forbidden, RequestError, StoreError
+from clawproxy.errors import ClawproxyError, Forbidden, NotFound, RequestError, StoreError
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
 
@@ -135,8 +135,12 @@ def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], An
             return _page(request, "error.html", {"message": e.message}, status=503)
         except sqlite3.Error as e:  # a read that failed (disk, I/O): the page says so, the proxy goes on
             return _page(request, "error.html", {"message": f"reading the store failed: {e}"}, status=503)
-        except web.HTTPException:
-            raise  # a redirect the handler chose
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise  # a redirect the handler chose
+            # aiohttp's own refusals (a form over client_max_size...) in the proxy's JSON
+            cls = RequestError if e.status < 500 else ClawproxyError
+            return error_response(cls(e.text or e.reason, status=e.status))
         except Exception:  # a bug of ours: logged with its traceback, the client gets JSON
             log.exception("dashboard error on %s %s", request.method, request.path)
             return error_response(ClawproxyError("internal dashboard error; see the clawproxy log"))
@@ -406,7 +410,7 @@ async def static(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     path = STATIC / name
     if "/" in name or name.startswith(".") or not path.is_file():
-        raise web.HTTPNotFound()
+        return error_response(NotFound(f"no static file {name!r} in the dashboard"))
     return web.FileResponse(path, headers={"Cache-Control": "max-age=3600"})
 
 
