@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections import Counter
 import os
 import random
 import signal
@@ -92,9 +93,10 @@ def sigkill(fake: FakeProc, trials: int, work: Path) -> dict:
     proxy.start()
     proxy.wait_idle()
     proxy.stop()
-    texts = store_texts(data / "clawproxy.db")
-    lost = [w for w in finished if not any(w in t for t in texts)]
-    dup = sum(1 for w in finished if sum(w in t for t in texts) > 1)
+    # Whole words: "...n1" is a substring of "...n10", which would hide a loss or fake a duplicate.
+    seen = Counter(w for t in store_texts(data / "clawproxy.db") for w in t.split())
+    lost = [w for w in finished if not seen[w]]
+    dup = sum(1 for w in finished if seen[w] > 1)
     from clawproxy.store import Store
 
     st = Store(data / "clawproxy.db")

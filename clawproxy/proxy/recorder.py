@@ -188,7 +188,7 @@ def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
             tree, changed = redactor.tree(cap.body)
             if changed:
                 body = orjson.dumps(tree)
-        clean_body, clean_resp = redactor.bytes(body), redactor.bytes(resp)
+        clean_body, clean_resp = redactor.bytes(body), redactor.bytes(resp, stream=True)
         redacted = clean_body != cap.raw_body or clean_resp != resp
         body, resp = clean_body, clean_resp
     meta = orjson.dumps({
