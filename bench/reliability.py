@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections import Counter
 import os
 import random
 import signal
@@ -30,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
