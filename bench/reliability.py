@@ -11,8 +11,8 @@ and ``python -m clawproxy.proxy``; this process is the client.
   (replaying its journal); every stream whose client saw [DONE] must be in the store, once.
 - load: clients x requests streamed turns through one proxy; all must be stored; proxy RSS.
 - fuzz: the hypothesis fuzz of tests/proxy/test_reliability_proc.py (bodies, raw bodies,
-  headers, paths, upstream streams), N cases in all: proxy-originated 5xx, hangs, and whether
-  every chat request the proxy took is in the store or quarantined.
+  headers, paths, upstream streams), N cases in all: proxy-originated 5xx, error answers that are
+  not JSON, hangs, and whether every chat request the proxy took is in the store or quarantined.
 - faults: the reliability and durability tests (upstream cut/garbage/down, full disk, bad
   records, secrets); with --components also the judge, trainer and engine fault tests.
 """
@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,9 +93,10 @@ def sigkill(fake: FakeProc, trials: int, work: Path) -> dict:
     proxy.start()
     proxy.wait_idle()
     proxy.stop()
-    texts = store_texts(data / "clawproxy.db")
-    lost = [w for w in finished if not any(w in t for t in texts)]
-    dup = sum(1 for w in finished if sum(w in t for t in texts) > 1)
+    # Whole words: "...n1" is a substring of "...n10", which would hide a loss or fake a duplicate.
+    seen = Counter(w for t in store_texts(data / "clawproxy.db") for w in t.split())
+    lost = [w for w in finished if not seen[w]]
+    dup = sum(1 for w in finished if seen[w] > 1)
     from clawproxy.store import Store
 
     st = Store(data / "clawproxy.db")
@@ -148,7 +150,8 @@ def fuzz(fake: FakeProc, cases: int, work: Path) -> dict:
     os.environ["CLAWPROXY_FUZZ_EXAMPLES"] = str(per_test)
     import tests.proxy.test_reliability_proc as F
 
-    counts = {"cases": 0, "proxy_5xx": 0, "no_answer": 0, "failures": []}
+    counts = {"cases": 0, "errors": 0, "proxy_5xx": 0, "plain_text_errors": 0, "no_answer": 0,
+              "failures": []}
     orig = F._check
 
     def check(status, out):
@@ -157,6 +160,8 @@ def fuzz(fake: FakeProc, cases: int, work: Path) -> dict:
             counts["no_answer"] += 1
         elif status == 500 or b'"message":"internal proxy error' in out:
             counts["proxy_5xx"] += 1
+        counts["errors"] += status is not None and status >= 400
+        counts["plain_text_errors"] += F.is_plain_error(status, out)
         orig(status, out)
 
     F._check = check

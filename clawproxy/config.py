@@ -67,6 +67,12 @@ class ProxyConfig:
     redact_patterns: list[str] = setting(
         [], "More regular expressions whose matches are redacted (with redact_secrets on)."
     )
+    allowed_hosts: list[str] = setting(
+        [],
+        "More Host names the control routes and the dashboard answer to (e.g. a name in "
+        "/etc/hosts). Loopback names, IP addresses and proxy.host always work; other names are "
+        "refused, so a web page cannot reach them through DNS rebinding.",
+    )
     extra_routes: list[str] = setting(
         [],
         "More /v1 paths to forward (glob patterns, e.g. '/v1/audio/*'). Forwarded by default: "
@@ -111,6 +117,11 @@ class ProxyConfig:
     @property
     def is_loopback(self) -> bool:
         return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+
+    @property
+    def host_names(self) -> frozenset[str]:
+        """The configured Host names the control routes answer to (clawproxy/edge.py adds loopback)."""
+        return frozenset(h.lower().strip("[]") for h in [self.host, *self.allowed_hosts] if h)
 
 
 @dataclass

@@ -2,6 +2,10 @@
 
 Reads the store directly (SQLite WAL allows it while `clawproxy start` is writing). Imports only
 light modules: this runs on every `clawproxy` invocation.
+
+Everything a client sent (session keys, messages, tool output) reaches the terminal as a Rich
+``Text`` with its control characters spelled out (``_text``): never parsed as markup, never an
+escape sequence the terminal would act on.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from clawproxy.cli_options import build_config, config_options
 from clawproxy.errors import StoreError
 from clawproxy.openclaw_setup import PROFILES
 from clawproxy.store import Store
-from clawproxy.turn_view import message_text, turn_view
+from clawproxy.turn_view import message_text, printable, turn_view
 
 
 @contextmanager
@@ -63,6 +67,13 @@ def _resolve(store: Store, sid: str) -> str:
     raise click.ClickException(f"{sid!r} matches several sessions; give more of the id.")
 
 
+def _text(s: str) -> Any:
+    """Untrusted ``s`` as a Rich ``Text``: no markup (``[/bold]``, ``[link=...]``), no control codes."""
+    from rich.text import Text
+
+    return Text(printable(s))
+
+
 def _short(s: str | None, n: int = 80) -> str:
     s = " ".join((s or "").split())
     return s if len(s) <= n else s[: n - 1] + "…"
@@ -98,7 +109,7 @@ def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: 
         score = (f"{r['mean_score']:+.2f} ({r['judged_turns']})"
                  if r.get("mean_score") is not None else "-")
         sid = r["id"] + (" (done)" if r.get("finalized_at") else "")
-        table.add_row(sid, _ts_short(r["first_seen"]), _ts_short(r["last_seen"]),
+        table.add_row(_text(sid), _ts_short(r["first_seen"]), _ts_short(r["last_seen"]),
                       str(r["main_turns"] or 0), str(r["side_turns"] or 0),
                       str(r["trainable_turns"] or 0), score)
     Console().print(table)
@@ -122,7 +133,7 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
 
     title = (f"session {sid}  ({sess['source']}, {sess.get('session_key') or 'no key'}, "
              f"first {_ts(sess['first_seen'])}, last {_ts(sess['last_seen'])})")
-    table = Table(title=title, title_justify="left", show_lines=True)
+    table = Table(title=_text(title), title_justify="left", show_lines=True)
     for col in ("#", "time", "kind", "status", "train", "user", "response", "next state", "score"):
         table.add_column(col, overflow="fold", no_wrap=col in ("#", "time"))
     for t in turns:
@@ -130,8 +141,9 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
         resp = " ".join([v["response"], *v["tool_calls"]]).strip()
         ns_txt = " | ".join(_short(x, 60) for x in v["next_state"]) if v["next_state"] else "-"
         table.add_row(str(v["index"]), time.strftime("%H:%M:%S", time.localtime(t["created_at"])),
-                      v["kind"], v["status"], "yes" if v["trainable"] else f"no: {v['reason']}",
-                      _short(v["request"], 60), _short(resp, 80), ns_txt,
+                      *(_text(x) for x in (v["kind"], v["status"],
+                                           "yes" if v["trainable"] else f"no: {v['reason']}",
+                                           _short(v["request"], 60), _short(resp, 80), ns_txt)),
                       str(v["score"]) if v["score"] is not None else "-")
     Console().print(table)
 
@@ -237,7 +249,7 @@ def delete(session_id: str | None, delete_all: bool, purge_only: bool, yes: bool
     with _open_store(config_path, data_dir) as store:
         if not purge_only:
             sid = _resolve(store, session_id) if session_id else None
-            what = f"session {sid}" if sid else "ALL sessions and turns"
+            what = f"session {printable(sid)}" if sid else "ALL sessions and turns"
             if not yes and not click.confirm(f"Delete {what}? This cannot be undone", default=False):
                 raise click.Abort()
             n = store.delete_session(sid) if sid else store.delete_all()

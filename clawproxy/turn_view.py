@@ -10,6 +10,18 @@ from typing import Any
 
 from clawproxy.openclaw import is_ctx
 
+# Control characters (ESC starts ANSI, OSC 8 hyperlink and OSC 52 clipboard sequences; 0x9b is a
+# one-byte CSI) and the bidi overrides that reorder what a terminal shows; \t and \n stay.
+_CONTROLS = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+             for c in [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x200E, 0x200F, *range(0x202A, 0x202F),
+                       *range(0x2066, 0x206A)]
+             if c not in (0x09, 0x0A)}
+
+
+def printable(s: str) -> str:
+    """``s`` with every control character spelled out (``\\x1b``): safe to write to a terminal."""
+    return s.translate(_CONTROLS)
+
 
 def message_text(msg: dict[str, Any] | None) -> str:
     """A message's text parts and its tool calls, on one line."""

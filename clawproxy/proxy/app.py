@@ -247,7 +247,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 # -- control endpoints ---------------------------------------------------------------------------
 def _control(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     """A /clawproxy/* route behind the guard the engine uses too (clawproxy/edge.py)."""
-    return control_route(handler, lambda r: r.app[CONFIG_KEY].proxy.control_token, "proxy.control_token")
+    return control_route(handler, lambda r: r.app[CONFIG_KEY].proxy.control_token, "proxy.control_token",
+                         hosts=lambda r: r.app[CONFIG_KEY].proxy.host_names)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -342,6 +343,39 @@ def _install_raw_header_writer() -> None:
 
 
 _install_raw_header_writer()
+
+
+def _install_json_protocol_errors() -> None:
+    """aiohttp answers what its HTTP parser refuses (a bad request line, header or chunk) and a
+    handler's unexpected exception from its protocol layer, before any route or middleware, in
+    plain text. For the proxy's own app (and only it: the engine and other servers keep theirs),
+    the answer becomes the OpenAI JSON error its clients parse; aiohttp still logs and closes."""
+    from aiohttp.web_protocol import RequestHandler
+
+    orig = RequestHandler.handle_error
+    if getattr(orig, "_clawproxy", False):
+        return
+
+    def handle_error(self: RequestHandler, request: Any, status: int = 500,
+                     exc: BaseException | None = None, message: str | None = None) -> web.StreamResponse:
+        resp = orig(self, request, status, exc, message)
+        app = getattr(self._request_factory, "__self__", None)  # the app whose server this is
+        if not isinstance(app, web.Application) or CONFIG_KEY not in app:
+            return resp
+        if status < 500:
+            err: ClawproxyError = RequestError(f"malformed HTTP request: {(message or str(exc or ''))[:300]}",
+                                               status=status, code="invalid_http")
+        else:
+            err = _INTERNAL if status == 500 else ClawproxyError("the request took too long", status=status)
+        out = error_response(err)
+        out.force_close()
+        return out
+
+    handle_error._clawproxy = True  # type: ignore[attr-defined]
+    RequestHandler.handle_error = handle_error  # type: ignore[method-assign]
+
+
+_install_json_protocol_errors()
 
 
 def _end_to_end_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -517,6 +551,13 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
             if cfg.proxy.record_tokens and not st.token_fields_refused:
                 added = Added(logprobs="logprobs" not in obj,
                               token_ids="return_token_ids" not in obj)
+    except asyncio.CancelledError:  # the client hung up mid-body: an aborted turn, counted
+        st.aborted += 1
+        t.aborted = True
+        if cap is not None:
+            cap.status, cap.error, cap.t_end = "aborted", "client disconnected while sending the body", time.perf_counter()
+            app[RECORDER_KEY].submit(cap)
+        raise
     except RequestError as e:
         st.errors += 1
         if cap is not None:

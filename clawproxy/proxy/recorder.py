@@ -47,6 +47,7 @@ RECORD_SQL_ERRORS = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.Pro
 JOURNAL_MAGIC = b"CJ1 "
 # Text columns a client or upstream can fill with any JSON value: stored as text whatever came.
 _TEXT_FIELDS = ("model", "finish_reason", "error", "response_text", "response_reasoning")
+_TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
 def is_store_failure(e: BaseException) -> bool:
@@ -77,6 +78,7 @@ class Capture:
     header_weight_version: int | None = None
     t_first: float | None = None
     t_end: float | None = None
+    redacted: bool = False  # the journal already redacted this turn (its token ids must go)
 
 
 def clean_header(value: str) -> str:
@@ -149,16 +151,20 @@ def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, A
         if v is not None and not isinstance(v, str):
             rec[k] = orjson.dumps(v).decode()
     # One serialization checks that everything can be stored, and carries the redaction.
-    data = orjson.dumps(rec)
     if redactor is not None:
+        # The upstream's token fields stay out of it: log-probs name each sampled piece "token".
+        tokens = {k: rec.pop(k) for k in _TOKEN_FIELDS if k in rec}
+        rec, changed = redactor.tree(rec)
+        data = orjson.dumps(rec)
         clean = redactor.bytes(data)
-        if clean != data:
+        if changed or clean != data or cap.redacted:
             # Token ids spell the secret out again; without them the trainer skips the turn.
-            for k in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
-                rec[k] = None
-            clean = redactor.bytes(orjson.dumps(rec))
-        data = clean
-    rec = orjson.loads(data)
+            tokens = dict.fromkeys(tokens)
+        rec = orjson.loads(clean)
+        rec.update(tokens)
+        orjson.dumps(tokens)  # they must be storable too
+    else:
+        rec = orjson.loads(orjson.dumps(rec))
     rec["body_hash"] = body_hash(rec["request_body"]) if rec["request_body"] else None
     return rec
 
@@ -172,8 +178,19 @@ def raw_turn_text(cap: Capture, redactor: Redactor | None) -> str:
 
 
 # -- the journal: raw turns, appended before the client's last byte ------------------------------
-def journal_entry(cap: Capture) -> bytes:
-    resp = b"".join(cap.chunks)
+def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
+    """One journal record: meta line, request body, upstream bytes; with ``redactor``, the body and
+    the bytes are redacted first (by structure and by format), so no secret reaches the disk."""
+    body, resp = cap.raw_body, b"".join(cap.chunks)
+    redacted = False
+    if redactor is not None:
+        if cap.body is not None:
+            tree, changed = redactor.tree(cap.body)
+            if changed:
+                body = orjson.dumps(tree)
+        clean_body, clean_resp = redactor.bytes(body), redactor.bytes(resp, stream=True)
+        redacted = clean_body != cap.raw_body or clean_resp != resp
+        body, resp = clean_body, clean_resp
     meta = orjson.dumps({
         "id": cap.request_id, "at": cap.created_at, "path": cap.path, "stream": cap.stream,
         "done": cap.done, "http": cap.http_status, "status": cap.status, "error": cap.error,
@@ -181,9 +198,9 @@ def journal_entry(cap: Capture) -> bytes:
         "wv": cap.header_weight_version,
         "ttft": cap.t_first - cap.t0 if cap.t_first else None,
         "total": (cap.t_end or time.perf_counter()) - cap.t0,
-        "nb": len(cap.raw_body), "nr": len(resp),
+        "nb": len(body), "nr": len(resp), "red": redacted or cap.redacted,
     })
-    return b"".join((JOURNAL_MAGIC, meta, b"\n", cap.raw_body, resp))
+    return b"".join((JOURNAL_MAGIC, meta, b"\n", body, resp))
 
 
 def read_journal(path: Path) -> list[Capture]:
@@ -215,7 +232,8 @@ def read_journal(path: Path) -> list[Capture]:
         cap = Capture(m["id"], m["at"], m["path"], 0.0, body=body if isinstance(body, dict) else None,
                       raw_body=raw_body, session_headers=m["h"], stream=m["stream"],
                       done=m["done"], http_status=m["http"], status=m["status"], error=m["error"],
-                      header_weight_version=m["wv"], t_first=m["ttft"], t_end=m["total"])
+                      header_weight_version=m["wv"], t_first=m["ttft"], t_end=m["total"],
+                      redacted=m.get("red", False))
         cap.chunks.append(data[nl + 1 + m["nb"] : end])
         out.append(cap)
         pos = end
@@ -242,7 +260,8 @@ class Recorder:
         self.spooled = 0
         self.quarantined = 0
         self.lost = 0  # neither stored, spooled nor quarantined (store and disk both failed)
-        self.overflow = 0  # queue full: kept only in the journal until the next start
+        self.overflow = 0  # queue full: kept only in the journal until the queue drains
+        self._overflowed: set[str] = set()  # their request ids, replayed from the journal
         self.last_error: str | None = None
         self.last_loss: str | None = None  # why the last lost turn could not even be spooled
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawproxy-recorder")
@@ -279,7 +298,7 @@ class Recorder:
         loop = asyncio.get_running_loop()
         if left:  # replayed at the next start
             await loop.run_in_executor(self._executor, self._spool_captures, left)
-        if not self.overflow:
+        if not self._overflowed:  # else the next start replays them
             self._truncate_journal()
         await loop.run_in_executor(self._executor, self._close_store)
         self._executor.shutdown(wait=True)
@@ -291,7 +310,7 @@ class Recorder:
         """Journal a finished capture and hand it to the recorder; never blocks, never raises."""
         if self._journal_fd is not None:
             try:
-                entry = journal_entry(cap)
+                entry = journal_entry(cap, self.redactor)
                 os.write(self._journal_fd, entry)
                 self._journal_bytes += len(entry)
                 self._journal_failed = False
@@ -304,7 +323,8 @@ class Recorder:
             self.queue.put_nowait(cap)
         except asyncio.QueueFull:
             self.overflow += 1
-            log.error("recorder queue full (%d): turn %s waits in %s for the next start; the "
+            self._overflowed.add(cap.request_id)
+            log.error("recorder queue full (%d): turn %s waits in %s until the queue drains; the "
                       "store is too slow", self.queue.maxsize, cap.request_id, self.journal_path)
 
     def stats(self) -> dict[str, Any]:
@@ -335,9 +355,18 @@ class Recorder:
             finally:
                 for _ in batch:
                     self.queue.task_done()
-            # Everything journaled was queued at the same moment: an empty queue after a batch
-            # means every journaled turn is now in the store, spool or quarantine.
-            if self.queue.empty() and not self.overflow:
+            # Everything journaled was queued at the same moment, or overflowed: once the queue is
+            # empty and the overflowed turns are read back from the journal, every journaled turn
+            # is in the store, spool or quarantine, and the journal can go.
+            if self.queue.empty() and self._overflowed:
+                ids, self._overflowed = self._overflowed, set()
+                try:
+                    await loop.run_in_executor(self._executor, self._replay_overflow, ids)
+                except Exception:
+                    log.exception("recorder: reading %d overflowed turn(s) back failed; they stay "
+                                  "in %s for the next start", len(ids), self.journal_path)
+                    self._overflowed |= ids
+            if self.queue.empty() and not self._overflowed:
                 self._truncate_journal()
 
     def _truncate_journal(self) -> None:
@@ -375,6 +404,11 @@ class Recorder:
             self._journal_fd = None
             log.error("RECORDING AT RISK: cannot open %s (%s); a killed proxy loses its last "
                       "turns", self.journal_path, e)
+
+    def _replay_overflow(self, ids: set[str]) -> None:
+        caps = [c for c in read_journal(self.journal_path) if c.request_id in ids]
+        log.warning("recording %d overflowed turn(s) from %s", len(caps), self.journal_path)
+        self._process(caps)
 
     def _open_and_replay(self) -> None:
         self._last_open_try = time.monotonic()

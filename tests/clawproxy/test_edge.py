@@ -8,7 +8,7 @@ import asyncio
 import orjson
 import pytest
 
-from clawproxy.edge import is_loopback
+from clawproxy.edge import host_allowed, is_loopback
 
 TOKEN = "t0k"
 
@@ -31,7 +31,7 @@ async def raw_get(url: str, path: str, authorization: bytes) -> tuple[int, dict]
     """GET with the Authorization header as raw bytes (an HTTP client would refuse non-ASCII)."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\nConnection: close\r\n"
                  b"Authorization: " + authorization + b"\r\n\r\n")
     raw = await reader.read()
     writer.close()
@@ -73,3 +73,12 @@ async def test_error_json_has_one_shape_on_both_servers(make_rig, engine_url):
 def test_loopback(remote, ok):
     assert is_loopback(remote) is ok
 
+
+
+@pytest.mark.parametrize("host, ok", [
+    ("127.0.0.1:8080", True), ("localhost:8080", True), ("LOCALHOST", True), ("[::1]:8080", True),
+    ("app.localhost:1", True), ("10.1.2.3:8080", True), ("[fe80::1]:80", True), ("proxy.lan:8080", True),
+    ("evil.example:8080", False), ("evil.example", False), ("localhost.evil.example", False),
+    ("127.0.0.1.nip.io", False), ("[::1", False), ("", False), (None, False)])
+def test_host_names_a_dns_rebinding_page_cannot_use(host, ok):
+    assert host_allowed(host, {"proxy.lan"}) is ok

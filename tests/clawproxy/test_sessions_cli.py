@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -77,6 +78,34 @@ async def test_delete_removes_data_for_real(filled):
         assert b"SECRETWORD" not in p.read_bytes(), p
     _run(["sessions", "delete", "--all"], d, input="y\n")
     assert json.loads(_run(["sessions", "--json"], d)) == []
+
+
+HOSTILE_KEY = "[/oops] \x1b]52;c;cHduZWQ=\x07[bold]k"  # broken markup, then OSC 52 (write the clipboard)
+HOSTILE_TEXT = ("\x1b]8;;https://evil.example\x1b\\here\x1b]8;;\x1b\\ [/bold] [link=https://x.example]a[/link]"
+                " \x1b[2J\x9b31m \u202egnp.exe")
+
+
+@pytest.mark.parametrize("tty", [False, True])
+async def test_what_clients_send_is_shown_as_text(rig, tty):
+    # a client chooses the session key and every word of the conversation: none of it may act on
+    # the terminal (markup, hyperlinks, escape sequences), whether or not the output is a TTY
+    await rig.chat({"model": "m", "prompt_cache_key": HOSTILE_KEY,
+                    "messages": [{"role": "user", "content": HOSTILE_TEXT}]})
+    await rig.wait_recorded(1)
+    env = {"COLUMNS": "400", **({"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"} if tty else {})}
+    d = str(rig.cfg.data_dir)
+    outs = []
+    for args in (["sessions"], ["sessions", "list"], ["sessions", "show", "[/oops]"]):
+        r = CliRunner().invoke(main, [*args, "--data-dir", d], env=env)
+        assert r.exit_code == 0, (args, r.output, r.exception)
+        outs.append(r.output)
+    listing, _, shown = outs
+    assert "[/oops]" in listing and "[/bold] [link=" in shown
+    for out in outs:
+        assert "\x1b]" not in out and "\x07" not in out and "\x9b" not in out and "\u202e" not in out
+        # a TTY gets colours (SGR: ESC [ ... m) and nothing else
+        assert re.sub(r"\x1b\[[0-9;]*m", "", out).count("\x1b") == 0
+    assert "\\x1b]52;c;" in shown and "\\x1b]8;;https://evil.example" in shown  # spelled out
 
 
 def test_missing_store_is_a_clear_error(tmp_path):

@@ -361,16 +361,53 @@ async def test_a_post_without_the_csrf_token_is_refused(make_rig):
     token = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
     assert len(token) >= 32
     url = rig.url + "/clawproxy/ui/versions/rollback"
-    for form, headers in (({"version": "0"}, {}), ({"version": "0", "csrf": "x" * 43}, {}),
-                          ({"version": "0"}, {"X-CSRF-Token": token[:-1]})):
+    same = {"Origin": rig.url}  # what a browser sends with the dashboard's own form
+    for form, headers in (({"version": "0"}, same), ({"version": "0", "csrf": "x" * 43}, same),
+                          ({"version": "0"}, {"X-CSRF-Token": token[:-1], **same})):
         async with rig.client.post(url, data=form, headers=headers, allow_redirects=False) as r:
             assert r.status == 403 and (await r.json())["error"]["code"] == "csrf"
     # with the page's token the action goes through (here: refused for its bad version, not for CSRF)
-    for form, headers in (({"version": "v0", "csrf": token}, {}), ({"version": "v0"}, {"X-CSRF-Token": token})):
+    for form, headers in (({"version": "v0", "csrf": token}, same),
+                          ({"version": "v0"}, {"X-CSRF-Token": token, "Sec-Fetch-Site": "same-origin"})):
         async with rig.client.post(url, data=form, headers=headers, allow_redirects=False) as r:
             assert r.status == 303 and "error=not+a+version" in r.headers["Location"]
     async with rig.client.get(rig.url + "/clawproxy/ui/versions") as r:  # a new GET, the same token
         assert token in await r.text()
+
+
+async def test_a_rebound_dns_name_cannot_read_the_dashboard_or_act(make_rig):
+    # DNS rebinding: evil.example resolves to 127.0.0.1, so the browser connects from loopback but
+    # sends the page's own name as Host and Origin. Neither a page nor a control route answers it.
+    rig = await make_rig(**{"proxy.allowed_hosts": ["clawproxy.lan"]})
+    port = rig.url.rsplit(":", 1)[1]
+    evil = {"Host": f"evil.example:{port}"}
+    for path in [*("/clawproxy/ui" + p for p in PAGES), "/clawproxy/stats", "/clawproxy/health", "/metrics"]:
+        async with rig.client.get(rig.url + path, headers=evil, allow_redirects=False) as r:
+            assert r.status == 403, path
+            assert (await r.json())["error"]["code"] == "host_not_allowed", path
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", f"clawproxy.lan:{port}",
+                     f"LocalHost:{port}"):
+            async with rig.client.get(rig.url + path, headers={"Host": host}, allow_redirects=False) as r:
+                assert r.status in (200, 302, 404), (path, host, r.status)  # /sessions/x: 404
+    async with rig.client.get(rig.url + "/clawproxy/ui/versions") as r:
+        token = (await r.text()).split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
+    url = rig.url + "/clawproxy/ui/versions/rollback"
+    form = {"version": "0", "csrf": token}
+    # the token alone is not enough: the action must come from a page of this origin
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": f"http://evil.example:{port}"},
+                    {"Origin": "null"}, {}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Sec-Fetch-Site": "same-site", "Origin": rig.url}):
+        async with rig.client.post(url, data=form, headers=headers, allow_redirects=False) as r:
+            assert r.status == 403, headers
+            assert (await r.json())["error"]["code"] == "cross_origin", headers
+    async with rig.client.post(url, data=form, allow_redirects=False,
+                               headers={**evil, "Origin": f"http://evil.example:{port}"}) as r:
+        assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
+    s = rig.store()
+    try:
+        assert s.events_of("rollback") == []  # nothing ran
+    finally:
+        s.close()
 
 
 async def test_a_slow_page_never_holds_up_the_proxy(make_rig, monkeypatch):
@@ -440,3 +477,20 @@ async def test_a_gate_refusal_shows_as_the_trainers_state_and_is_marked(make_rig
         (step, "gate_failed", ["kl_to_previous"])]
     async with rig.client.get(rig.url + "/clawproxy/ui/learning") as r:
         assert f"step {step} refused by the gate: kl_to_previous" in await r.text()
+
+
+async def test_query_parameters_out_of_range_are_a_json_400(make_rig):
+    rig = await make_rig()
+    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    await rig.wait_recorded(1)
+    live = rig.url + "/clawproxy/ui/api/live?after="
+    for bad in ("99999999999999999999", "9223372036854775808", "-2", "abc", "1e3", "0x10"):
+        async with rig.client.get(live + bad) as r:
+            assert r.status == 400, bad
+            assert r.content_type == "application/json", bad
+            err = (await r.json())["error"]
+            assert (err["param"], err["code"]) == ("after", "invalid_query"), bad
+    for ok, n in (("-1", 0), ("0", 1), ("9223372036854775807", 0), ("", 1)):
+        async with rig.client.get(live + ok) as r:
+            assert r.status == 200, ok
+            assert len((await r.json())["turns"]) == n, ok

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
 import aiohttp
 import orjson
@@ -150,3 +152,25 @@ async def test_control_endpoints(make_rig):
         assert r.status == 401 and r.headers["WWW-Authenticate"] == "Bearer"
     async with tok.client.get(tok.url + "/clawproxy/stats", headers={"Authorization": "Bearer t0k"}) as r:
         assert r.status == 200 and "queue_depth" in await r.json()
+
+
+async def test_client_hanging_up_mid_body_leaves_an_aborted_turn(rig):
+    # Content-Length promises more than is sent, then the socket closes: the handler is cancelled
+    # inside the body read, and that turn is still recorded as aborted and counted
+    port = int(rig.url.rsplit(":", 1)[1])
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"x-session-id: cut\r\nContent-Length: 5000\r\n\r\n")
+
+    def send_half() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(head + b'{"model": "m", "messages": [{"role": "user", "content": "')
+            time.sleep(0.3)  # the proxy is inside its body read now
+
+    await asyncio.to_thread(send_half)
+    await rig.wait_recorded(1)
+    [t] = rig.turns()
+    assert (t["status"], t["reason"], t["trainable"]) == ("aborted", "aborted", 0)
+    assert t["error"] == "client disconnected while sending the body"
+    s = await rig.stats()
+    assert (s["aborted"], s["in_flight"]) == (1, 0)
+    assert rig.fake.received == []  # nothing was forwarded

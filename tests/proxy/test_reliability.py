@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import json
 import logging
 import socket
 import time
@@ -297,6 +298,27 @@ async def test_parser_rejects_log_no_traceback(rig, caplog):
     assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_error_answers_are_json_even_from_the_http_parser(rig):
+    # aiohttp's parser refusals and a missing static file were plain text, which an OpenAI client
+    # cannot parse; every error the proxy answers is the JSON error object
+    port = _port(rig)
+    junk = [b"GET /\x00 HTTP/1.1\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            b"\x16\x03\x01garbage\r\n\r\n", b"GET / HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"y" * 70000 + b"\r\n\r\n",
+            http_request("GET", b"/clawproxy/ui/static/nope.js"),
+            http_request("GET", b"/clawproxy/ui/static/.hidden")]
+    for req in junk:
+        status, out = await asyncio.to_thread(raw_request, port, req, 3.0)
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert status is not None and 400 <= status < 500, out[:300]
+        assert b"Content-Type: application/json" in head, out[:300]
+        err = orjson.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+    status, _, _ = await rig.chat(_body("still serving"))
+    assert status == 200
+
+
 async def test_non_utf8_header_bytes_are_forwarded_intact(rig):
     await rig.chat(_body("bytes"), {"Authorization": "Bearer sk-\udce9\udcff", "x-other": "\udcc3"})
     got = rig.fake.received[-1].headers
@@ -463,3 +485,110 @@ def test_start_serves_with_a_broken_store(tmp_path):
         out = proc.communicate(timeout=30)[0].decode()
         fake.close()
     assert "RECORDING IS DEGRADED" in out
+
+
+# -- issue 25: redaction by structure, and no secret in the journal -------------------------------
+def _hold_recorder(rig, monkeypatch):
+    """Stop the recorder's worker until the returned event is set (the journal keeps the turns)."""
+    import threading
+
+    from clawproxy.proxy.app import RECORDER_KEY
+
+    rec = rig.app[RECORDER_KEY]
+    gate = threading.Event()
+    orig = rec._process
+
+    def held(batch):
+        gate.wait(20)
+        return orig(batch)
+
+    monkeypatch.setattr(rec, "_process", held)
+    return rec, gate
+
+
+async def test_every_secret_shape_is_redacted_everywhere_and_counts_stay(make_rig, monkeypatch, caplog):
+    import random
+
+    from tests.rig.secret_shapes import CLEAN, shapes
+
+    caplog.set_level(logging.DEBUG)
+    rig = await make_rig()
+    rec, gate = _hold_recorder(rig, monkeypatch)
+    cases = shapes(random.Random(25))
+    assert len(cases) >= 40
+    for label, _, body in cases:
+        status, _, _ = await rig.chat(body, {"x-session-id": label})
+        assert status == 200, label
+    await rig.chat(CLEAN, {"x-session-id": "clean"})
+    journal = rec.journal_path.read_bytes()  # every turn is journaled, none stored yet
+    assert journal.count(b"CJ1 ") == len(cases) + 1
+    gate.set()
+    await wait_idle(rig, len(cases) + 1)
+    from click.testing import CliRunner
+
+    from clawproxy.cli import main
+
+    export = CliRunner().invoke(main, ["sessions", "export", "--data-dir", str(rig.cfg.data_dir)]).output
+    files = {p.name: p.read_bytes() for p in rig.cfg.data_path.rglob("*") if p.is_file()}
+    leaks = [(label, where) for label, secret, _ in cases
+             for where, data in [("journal", journal), ("export", export.encode()),
+                                 ("log", caplog.text.encode()), *files.items()]
+             if secret.encode() in data]
+    assert leaks == []
+    turns = {t["session_id"]: t for t in rig.turns()}
+    assert len(turns) == len(cases) + 1
+    assert turns["member_password_number"]["request_params"]["metadata"] == {"password": "[REDACTED]"}
+    assert turns["member_auth_token"]["request_params"]["metadata"] == {"auth": "[REDACTED]"}
+    args = json.loads(turns["tool_args_password"]["request_messages"][2]["tool_calls"][0]["function"]["arguments"])
+    assert args == {"config": {"password": "[REDACTED]", "retries": 3}}
+    # what only looks like a secret stays, and so do the token counts and ids the trainer needs
+    clean = turns["clean"]
+    assert clean["request_messages"] == CLEAN["messages"]
+    assert clean["request_params"]["max_tokens"] == 77
+    assert clean["completion_token_ids"] and clean["prompt_token_ids"] and clean["completion_logprobs"]
+    assert clean["usage"]["prompt_tokens"] and clean["usage"]["completion_tokens"]
+    assert all(t["completion_token_ids"] is None for sid, t in turns.items() if sid != "clean")
+
+
+async def test_a_killed_proxys_journal_replays_a_redacted_turn_without_its_token_ids(tmp_path):
+    from clawproxy.config import load_config
+    from clawproxy.proxy.recorder import Capture, Recorder, journal_entry
+    from clawproxy.proxy.redact import Redactor
+
+    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": "http://127.0.0.1:9"})
+    cfg.data_path.mkdir(parents=True)
+    body = _body("hi", metadata={"db_password": "Zx81hunter2"})
+    c = Capture("r1", time.time(), "/v1/chat/completions", 0.0, stream=True, done=True,
+                raw_body=orjson.dumps(body), body=body, http_status=200, t_end=0.1)
+    c.chunks.append(b'data: {"choices":[{"index":0,"delta":{"content":"sk-live0123456789abcdefXYZ"},'
+                    b'"finish_reason":"stop"}],"token_ids":[5,6]}\n\ndata: [DONE]\n\n')
+    entry = journal_entry(c, Redactor())
+    assert b"Zx81hunter2" not in entry and b"sk-live0123456789abcdefXYZ" not in entry
+    (cfg.data_path / "journal.bin").write_bytes(entry)
+    rec = Recorder(cfg)
+    await rec.start()
+    await rec.close()
+    s = Store(cfg.db_path)
+    try:
+        [t] = s.query("SELECT * FROM turns")
+    finally:
+        s.close()
+    assert (t["response_text"], t["completion_token_ids"]) == ("[REDACTED]", None)
+
+
+async def test_the_journal_is_emptied_after_the_queue_overflowed(make_rig, monkeypatch):
+    rig = await make_rig(**{"proxy.recorder_queue_size": 1})
+    rec, gate = _hold_recorder(rig, monkeypatch)
+    for i in range(5):  # one in the held batch, one queued, three overflow
+        status, _, _ = await rig.chat(_body(f"turn {i}"), {"x-session-id": f"o{i}"})
+        assert status == 200
+    assert (await rig.stats())["queue_overflow"] == 3
+    gate.set()
+    s = await wait_idle(rig, 5)
+    assert s["turns_recorded"] == 5
+    for _ in range(100):
+        if rec.journal_path.stat().st_size == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert rec.journal_path.stat().st_size == 0
+    assert sorted(t["session_id"] for t in rig.turns()) == [f"o{i}" for i in range(5)]

@@ -3,8 +3,9 @@
 - Server-rendered with aiohttp-jinja2 from ``templates/``; ``static/`` holds the page script, the
   style sheet and Chart.js 4.6.1 (``chart.umd.js`` from the npm tarball, with its license), so
   nothing is fetched at run time and there is no build step.
-- Access is the proxy's control guard (``clawproxy/edge.py``). Every action (POST) must carry
-  this process's CSRF token, which the pages embed; without it the answer is 403.
+- Access is the proxy's control guard (``clawproxy/edge.py``), Host check included. Every action
+  (POST) must carry this process's CSRF token, which the pages embed, and come from a page of the
+  same origin (``Origin`` or ``Sec-Fetch-Site``); otherwise the answer is 403.
 - The proxy's requests never wait on a page: every read goes through a read-only store connection
   (``Store.reader``) on the dashboard's own thread, off the event loop.
 - Rollback runs ``clawproxy rollback`` itself as a child process, so it is exactly the CLI's code
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import sqlite3
 import sys
@@ -34,11 +36,12 @@ import orjson
 from aiohttp import web
 
 from clawproxy.config import Config
-from clawproxy.edge import check_control, error_response, same_secret
-from clawproxy.errors import ClawproxyError, Forbidden, StoreError
+from clawproxy.edge import check_control, error_response, query_int, same_origin, same_secret
+from clawproxy.errors import ClawproxyError, Forbidden, NotFound, RequestError, StoreError
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
 
+log = logging.getLogger("clawproxy.ui")
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 PREFIX = "/clawproxy/ui"
@@ -120,15 +123,27 @@ async def _ctx(app: web.Application) -> AsyncIterator[None]:
 def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
-            check_control(request, request.app[UI_KEY].cfg.proxy.control_token, "proxy.control_token")
+            p = request.app[UI_KEY].cfg.proxy
+            check_control(request, p.control_token, "proxy.control_token", p.host_names)
         except ClawproxyError as err:
             return error_response(err)
         try:
             return await handler(request)
+        except RequestError as e:
+            return error_response(e)
         except StoreError as e:
             return _page(request, "error.html", {"message": e.message}, status=503)
         except sqlite3.Error as e:  # a read that failed (disk, I/O): the page says so, the proxy goes on
             return _page(request, "error.html", {"message": f"reading the store failed: {e}"}, status=503)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise  # a redirect the handler chose
+            # aiohttp's own refusals (a form over client_max_size...) in the proxy's JSON
+            cls = RequestError if e.status < 500 else ClawproxyError
+            return error_response(cls(e.text or e.reason, status=e.status))
+        except Exception:  # a bug of ours: logged with its traceback, the client gets JSON
+            log.exception("dashboard error on %s %s", request.method, request.path)
+            return error_response(ClawproxyError("internal dashboard error; see the clawproxy log"))
 
     wrapped.__name__ = handler.__name__
     return wrapped
@@ -329,6 +344,10 @@ async def versions(request: web.Request) -> web.Response:
 
 @guarded
 async def rollback(request: web.Request) -> web.Response:
+    if not same_origin(request):
+        return error_response(Forbidden("actions are taken only from the dashboard's own pages (the "
+                                        "browser's Origin or Sec-Fetch-Site header says otherwise)",
+                                        code="cross_origin"))
     form = await request.post()
     if not _csrf_ok(request, form):
         return error_response(Forbidden("missing or wrong CSRF token: reload the dashboard and try again",
@@ -375,10 +394,7 @@ async def _run_rollback(cfg: Config, version: str | None) -> tuple[bool, str]:
 async def api_live(request: web.Request) -> web.Response:
     """What changed: the newest ids, today's counters, the serving version and (``after``) the
     turns recorded since the turn id the page last saw."""
-    try:
-        after = int(request.query.get("after", "0"))
-    except ValueError:
-        after = 0
+    after = query_int(request, "after", 0, ge=-1)  # -1: the page wants no turns
 
     def read(s: Store) -> dict[str, Any]:
         serving = s.serving_checkpoint()
@@ -394,7 +410,7 @@ async def static(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     path = STATIC / name
     if "/" in name or name.startswith(".") or not path.is_file():
-        raise web.HTTPNotFound()
+        return error_response(NotFound(f"no static file {name!r} in the dashboard"))
     return web.FileResponse(path, headers={"Cache-Control": "max-age=3600"})
 
 
