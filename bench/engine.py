@@ -118,7 +118,7 @@ def engine_process(root: Path, args, *extra: str) -> Iterator[tuple[str, Callabl
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="bench-engine-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clawproxy.engine", "--model", str(root), "--port", str(port),
+        [sys.executable, "-m", "clawproxy.engine", "--kind", "embedded", "--model", str(root), "--port", str(port),
          "--dtype", args.dtype, "--threads", str(args.threads), "--log-level", "WARNING", *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )

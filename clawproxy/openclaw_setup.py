@@ -99,12 +99,18 @@ def default_max_tokens(context_window: int) -> int:
     return max(256, min(8192, context_window // 16))
 
 
-def plan(context_window: int, max_tokens: int | None = None, profile: str | None = None) -> Plan:
+def plan(context_window: int, max_tokens: int | None = None, profile: str | None = None,
+         model: str | None = None) -> Plan:
     """Choose the richest profile whose first request leaves room for an answer and a conversation.
 
     A profile fits when its estimated first request plus ``max_tokens`` fits the window and takes at
-    most half of it, so a few turns fit before OpenClaw compacts (at 75% of the window).
+    most half of it, so a few turns fit before OpenClaw compacts (at 75% of the window). A named
+    model (``clawproxy/catalog.py``) caps the choice at the richest profile it is measured to work with.
     """
+    from clawproxy.catalog import lookup
+
+    named = lookup(model) if model else None
+    cap = named.openclaw_profile if named else None
     answer = max_tokens or default_max_tokens(context_window)
     reasons: list[str] = []
     warnings: list[str] = []
@@ -120,6 +126,10 @@ def plan(context_window: int, max_tokens: int | None = None, profile: str | None
         chosen = PROFILES[RICHEST_FIRST[-1]]
         for name in RICHEST_FIRST:
             p = PROFILES[name]
+            if cap is not None and RICHEST_FIRST.index(name) < RICHEST_FIRST.index(cap):
+                reasons.append(f"not {name!r}: {model} is measured to work with {cap!r} at most "
+                               "(`clawproxy models list`)")
+                continue
             est = p.estimated_prompt(context_window)
             if est + answer + 1 <= context_window and est <= context_window // 2:
                 chosen = p

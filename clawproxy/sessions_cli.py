@@ -318,7 +318,7 @@ def openclaw_config(port: int | None, host: str | None, model_id: str | None, ap
         raise click.ClickException(
             f"{server.rstrip('/')}/v1/models does not report max_model_len; pass --context-window with "
             "the context length that server serves.")
-    p = plan(ctx, max_tokens, profile)
+    p = plan(ctx, max_tokens, profile, model=mid)
     sampling = {"temperature": temperature} if temperature is not None else None
     block = provider_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key, p, sampling)
     text = render(block, p, source)

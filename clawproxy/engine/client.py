@@ -97,6 +97,7 @@ class EngineClient:
         self.lora_name = lora_name
         self._version = int(initial_version)
         self._has_weight_info: bool | None = None  # vLLM: probed on first use
+        self._routes: set[str] | None = None  # vLLM: the paths its /openapi.json lists
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -192,8 +193,18 @@ class EngineClient:
                               status=400)
 
     def _route_exists(self, method: str, path: str, body: dict[str, Any] | None = None) -> bool:
-        """False only for the framework's own 404 (``{"detail": "Not Found"}``, no such route);
-        a handler's answer, even an error (``{}`` is a 400 there), means the route is served."""
+        """Whether the server registered the route: read from its OpenAPI schema (FastAPI serves
+        ``/openapi.json``), else probed: only the framework's own 404 (``{"detail": "Not Found"}``)
+        means no such route; a handler's answer, even an error, means it is served. The schema
+        comes first because vLLM logs a 20-line traceback for every refused probe."""
+        if self._routes is None:
+            try:
+                schema = self._request("GET", "/openapi.json")
+                self._routes = set(schema["paths"]) if isinstance(schema, dict) else set()
+            except (EngineError, KeyError, TypeError):
+                self._routes = set()
+        if self._routes:
+            return path in self._routes
         try:
             self._request(method, path, body)
         except EngineError as e:

@@ -68,7 +68,7 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:
     proc = _spawn(["-m", "clawproxy.cli", "start", "--port", str(port), "--data-dir", str(data), *args],
                   tmp_path / "clawproxy.log")
     try:
-        wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=300)
+        wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=900)  # vLLM, and a first model fetch
     except AssertionError:
         stop(proc)
         raise AssertionError((tmp_path / "clawproxy.log").read_text()[-4000:]) from None
@@ -175,13 +175,20 @@ def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, 
         stop(proc)
 
 
+FACTS = [  # (message, a word every right answer holds)
+    ("What is the capital of France?", "paris"),
+    ("Thanks, that's right! Which planet is the largest in our solar system?", "jupiter"),
+    ("Great. What is the chemical symbol for gold? Answer in one short sentence.", "au"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # three 512-token answers and a train step on a 2-core CPU
-def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
-    """The default engine and model, configured only by `openclaw-config --write`: three messages in
-    one session get real answers (OpenClaw leaves them the whole maxTokens, not 1 token), recorded
-    as linked turns that say why they are (not) trainable, judged, and trained on by the real
-    trainer, which publishes into the serving engine."""
+@pytest.mark.timeout(2400)  # vLLM start, four answers and a LoRA step of a 1.5B model on a 2-core CPU
+def test_default_stack_holds_a_real_conversation(openclaw, tmp_path):
+    """The default engine and model (vLLM serving Qwen2.5-Coder-1.5B), configured only by
+    `openclaw-config --write`: three factual questions in one session get answers that stop, most
+    of them right, recorded as linked and judged turns; one real LoRA step is published into the
+    serving vLLM, and the next answer is recorded under the new weight version."""
     engine_port = free_port()
     proc, port, data = _start(tmp_path, "--engine-port", str(engine_port), "--no-train")
     try:
@@ -189,44 +196,45 @@ def test_default_stack_answers_a_real_conversation(openclaw, tmp_path):
         cfg_path = _write_config(home, port)
         block = json.loads(cfg_path.read_text())
         model = block["models"]["providers"]["clawproxy"]["models"][0]
-        assert model["contextWindow"] == 8192 and model["maxTokens"] == 512
-        assert block["tools"]["toolSearch"] is False  # the lean profile fits an 8k model
+        assert model["id"] == "qwen2.5-coder-1.5b" and model["contextWindow"] == 32768
+        assert block["tools"]["allow"] == ["read", "write", "edit", "exec"]  # the lean profile
 
-        messages = ["What is the capital of France?",
-                    "Thanks, that's exactly right! What is the largest planet?",
-                    "No, that's wrong. Answer in one short sentence."]
-        for msg in messages:
+        answers = []
+        for msg, _ in FACTS:
             out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m", msg],
                                home, cfg_path)
-            assert out["payloads"][0]["text"].strip(), out
+            answers.append(out["payloads"][0]["text"])
+        right = [word in text.lower() for (_, word), text in zip(FACTS, answers, strict=True)]
+        assert sum(right) >= 2, answers
 
         turns = _wait(lambda: (t := _main_turns(data)) and len(t) == 3 and t, 30, "three turns")
         assert len({t["session_id"] for t in turns}) == 1
         assert turns[0]["next_turn_id"] == turns[1]["id"] and turns[1]["next_turn_id"] == turns[2]["id"]
         for t in turns:
-            assert t["status"] == "ok" and t["request_params"]["max_completion_tokens"] == 512, t
-            assert len(t["completion_token_ids"]) >= 3  # a real answer (a short one is fine), not the 1-token clamp
-            assert t["finish_reason"] in ("stop", "length")
-        for t in turns[:2]:  # both have a next state: judged, even an answer cut at the cap
-            assert t["trainable"] == 1
-            assert t["reason"] == ("truncated" if t["finish_reason"] == "length" else "ok"), t
+            assert t["status"] == "ok" and t["finish_reason"] == "stop", t
+            assert t["weight_version"] == 0 and t["completion_logprobs"], t
+        for t in turns[:2]:  # both have a next state: trainable and judged
+            assert t["trainable"] == 1 and t["reason"] == "ok", t
             _wait(lambda t=t: _query(data, "SELECT 1 FROM judgments WHERE turn_id=?", (t["id"],)),
                   180, f"turn {t['id']} judged")
 
-        # One real step on what was judged (a cut-off answer the user corrected trains by
-        # distillation from the hinted teacher), published into the engine that keeps serving.
+        # One real LoRA step on what was judged, published into the vLLM that keeps serving.
         r = subprocess.run([sys.executable, "-m", "clawproxy.cli", "train", "--data-dir", str(data),
                             "--steps", "1", "--batch-size", "1", "--engine-url",
                             f"http://127.0.0.1:{engine_port}"], capture_output=True, text=True, timeout=1500,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         (step,) = _query(data, "SELECT * FROM train_steps")
-        trained = _query(data, "SELECT turn_id, kind FROM trained_samples")
-        assert len(trained) == 1 and trained[0]["turn_id"] in (turns[0]["id"], turns[1]["id"]), trained
-        assert step["status"] in ("published", "gate_failed"), step
-        if step["status"] == "published":  # the serving engine took it
-            from clawproxy.engine.client import EngineClient
+        assert step["status"] == "published", (step, r.stdout[-2000:])
+        from clawproxy.engine.client import EngineClient
 
-            assert EngineClient(f"http://127.0.0.1:{engine_port}").weight_version() == step["new_version"]
+        adapters = EngineClient(f"http://127.0.0.1:{engine_port}").served_adapters()
+        assert adapters == {"clawproxy": str(data / "checkpoints" / f"v{step['new_version']}")}
+
+        out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m",
+                            "And the capital of Italy?"], home, cfg_path)
+        assert out["payloads"][0]["text"].strip(), out
+        last = _wait(lambda: (t := _main_turns(data)) and len(t) == 4 and t[-1], 30, "the fourth turn")
+        assert last["weight_version"] == step["new_version"] and last["status"] == "ok", last
     finally:
         stop(proc)

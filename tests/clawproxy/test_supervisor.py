@@ -59,7 +59,7 @@ def stack(tmp_path, tiny_model_dir):
     data = tmp_path / "data"
     with held_port() as port, held_port() as engine_port:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "clawproxy.cli", "start", "--model", str(tiny_model_dir),
+            [sys.executable, "-m", "clawproxy.cli", "start", "--engine", "embedded", "--model", str(tiny_model_dir),
              "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
              "--no-judge", "--no-train"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -105,6 +105,7 @@ def create_fake_vllm(
     }
     app[STATE]["resumed"].set()
     # entrypoints/serve/instrumentator/{health,basic}.py, openai/models/api_router.py
+    app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/health", health)
     app.router.add_get("/version", show_version)
     app.router.add_get("/v1/models", models)
@@ -408,6 +409,12 @@ async def collective_rpc(request: web.Request) -> web.Response:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """FastAPI's schema: the paths this server registered (what EngineClient.check_vllm reads)."""
+    paths = sorted({r.resource.canonical for r in request.app.router.routes() if r.resource is not None})
+    return web.json_response({"openapi": "3.1.0", "paths": {p: {} for p in paths}})
 
 
 def _readable_safetensors(path: Path) -> bool:

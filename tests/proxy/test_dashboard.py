@@ -85,7 +85,7 @@ def stack(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, Any]]:
     data = base / "data"
     cfg = base / "config.yaml"
     cfg.write_text(
-        f"engine:\n  model: {tiny_model_dir}\n  threads: 1\n"
+        f"engine:\n  kind: embedded\n  model: {tiny_model_dir}\n  threads: 1\n"
         "judge:\n  voter: lexical\n  poll_interval_s: 0.2\n"
         "trainer:\n  batch_size: 2\n  learning_rate: 0.001\n  poll_interval_s: 0.5\n  threads: 1\n")
     fake = FakeProc()

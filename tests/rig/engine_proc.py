@@ -31,7 +31,7 @@ def _engine_on(port: int, model_dir: Path, data_dir: Path, extra: tuple[str, ...
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "clawproxy.engine", "--model", str(model_dir), "--port", str(port),
+            [sys.executable, "-m", "clawproxy.engine", "--kind", "embedded", "--model", str(model_dir), "--port", str(port),
              "--data-dir", str(data_dir), "--log-level", "WARNING", *extra],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )

@@ -23,7 +23,7 @@ def _completion(url: str, question: str, seed: int) -> tuple[list, dict]:
 
 
 def test_train_step_publishes_into_running_engine(tmp_path, tiny_model_dir):
-    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
+    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.kind": "embedded", "engine.model": str(tiny_model_dir),
                              "trainer.batch_size": 4, "trainer.learning_rate": 1e-3})
     store = Store(cfg.db_path)
     with engine_process(tiny_model_dir, tmp_path / "engine", "--threads", "1") as url:
@@ -80,7 +80,7 @@ def test_train_step_publishes_into_running_engine(tmp_path, tiny_model_dir):
 
 def test_lora_adapter_publishes_into_running_engine(tmp_path, tiny_model_dir):
     """LoRA: the adapter directory is what the engine loads (merged into its base weights)."""
-    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.model": str(tiny_model_dir),
+    cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.kind": "embedded", "engine.model": str(tiny_model_dir),
                              "trainer.batch_size": 2, "trainer.learning_rate": 1e-2,
                              "trainer.finetune": "lora", "trainer.canary_max_tokens": 8,
                              # two +1 samples: with the leave-one-out baseline their advantage is 0
@@ -112,7 +112,7 @@ def test_lora_adapter_publishes_into_running_engine(tmp_path, tiny_model_dir):
         # a checkpoint the engine refuses (another architecture): the step is recorded as an
         # error, nothing is published, the engine keeps serving v1, the trainer keeps its weights
         other = _smaller_model(tiny_model_dir, tmp_path / "other-model")
-        cfg2 = load_config(None, {"data_dir": str(tmp_path / "data2"), "engine.model": str(other),
+        cfg2 = load_config(None, {"data_dir": str(tmp_path / "data2"), "engine.kind": "embedded", "engine.model": str(other),
                                   "trainer.batch_size": 1, "trainer.canary_max_tokens": 8})
         store2 = Store(cfg2.db_path)
         insert_turn(store2, prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"],
