@@ -72,7 +72,7 @@ def stream_body(url: str, body: dict, stop: threading.Event | None = None,
     t0 = time.perf_counter()
     arrivals: list[float] = []
     version = None
-    content, calls, prompt_tokens = "", [], 0
+    content, calls, prompt_ids, ids, logprobs = "", [], [], [], []
     with open_url("POST", url + "/v1/chat/completions", body, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -80,12 +80,14 @@ def stream_body(url: str, body: dict, stop: threading.Event | None = None,
                 continue
             chunk = json.loads(line[6:])
             version = chunk.get("weight_version", version)
-            prompt_tokens = len(chunk.get("prompt_token_ids") or []) or prompt_tokens
+            prompt_ids = chunk.get("prompt_token_ids") or prompt_ids
             if not chunk["choices"]:
                 continue
             choice = chunk["choices"][0]
             if choice.get("token_ids"):
                 arrivals += [time.perf_counter()] * len(choice["token_ids"])
+                ids += choice["token_ids"]
+                logprobs += [e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or []]
                 if cpu and ttft_cpu is None:
                     ttft_cpu = cpu() - cpu0
             content += choice["delta"].get("content") or ""
@@ -97,7 +99,8 @@ def stream_body(url: str, body: dict, stop: threading.Event | None = None,
         message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
     return {"start": t0, "ttft": arrivals[0] - t0, "ttft_cpu": ttft_cpu, "arrivals": arrivals,
             "version": version,
-            "message": message, "prompt_tokens": prompt_tokens}
+            "message": message, "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
+            "token_ids": ids, "logprobs": logprobs}
 
 
 def cpu_seconds(pid: int) -> float:
