@@ -227,6 +227,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if self.device == "cpu" and self.threads is not None and self.threads > usable:
+            raise ConfigError(f"engine.threads={self.threads}, but this machine lets clawproxy use {usable} "
+                              f"CPUs; set engine.threads to at most {usable} (or leave it unset).")
 
     @property
     def served_name(self) -> str:

