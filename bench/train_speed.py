@@ -182,7 +182,7 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
     data = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     threads = ["--threads", str(args.threads)] if args.threads else []
     with engine_process(base, data, *threads, timeout=180.0) as url:
-        cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model,
+        cfg = load_config(None, {"data_dir": str(data), "engine.model": args.model, "engine.kind": "embedded",
                                  "trainer.batch_size": args.batch_size, "trainer.keep_checkpoints": 2,
                                  "trainer.threads": args.threads})
         store = Store(cfg.db_path)
@@ -214,6 +214,9 @@ def main() -> None:
     p.add_argument("--no-engine", action="store_true", help="skip the batch-ready -> serving measurement")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for trainer and baseline (and the engine); 1 on a busy shared CPU")
+    p.add_argument("--modes", default="baseline,full,lora",
+                   help="comma-separated, of baseline, full, lora (full fine-tuning of a 1.5B model in "
+                        "float32 needs ~25 GB: --modes lora there)")
     p.add_argument("--one", choices=["full", "lora", "baseline", "engine"], help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -223,7 +226,7 @@ def main() -> None:
         print("RESULT " + json.dumps(fn()))
         return
 
-    modes = ["baseline", "full", "lora"] + ([] if args.no_engine else ["engine"])
+    modes = args.modes.split(",") + ([] if args.no_engine else ["engine"])
     results = []
     for mode in modes:
         cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--device", args.device,

@@ -93,9 +93,10 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
         # by at most 0.032 (mean 0.008), well inside the PPO clip (bench/results/engine-dtype.md)
         serve_dtype="bfloat16",
         finetune="lora",  # full AdamW in fp32 needs ~25 GB
-        # lean: its read/exec calls work through qwen_fenced; the default profile's ~10k-token
-        # prompt costs over a minute of prefill per new session on a 2-core CPU
-        openclaw_profile="lean",
+        # chat: right short answers that stop. With tools (lean) it answers trivia with invented
+        # file reads or OpenClaw's reply tag alone; its read calls work (qwen_fenced) when a task
+        # needs a file, so `--profile lean` is there for that (bench/results/openclaw-models.md)
+        openclaw_profile="chat",
     ),
     NamedModel(
         name="qwen2.5-coder-0.5b",

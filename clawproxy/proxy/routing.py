@@ -97,7 +97,10 @@ class ModelRouter:
 
     async def ctx(self, app: web.Application) -> AsyncIterator[None]:
         """cleanup_ctx: read once before serving, then poll in a named task owned here."""
-        await asyncio.to_thread(self.refresh)
+        try:
+            await asyncio.to_thread(self.refresh)
+        except Exception:  # a broken store must not stop the serving: the base model until it reads
+            log.exception("model router: reading the published version failed; serving the base model")
         task = asyncio.create_task(self._poll(), name="clawproxy-model-router")
         yield
         task.cancel()

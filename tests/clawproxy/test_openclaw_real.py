@@ -197,7 +197,7 @@ def test_default_stack_holds_a_real_conversation(openclaw, tmp_path):
         block = json.loads(cfg_path.read_text())
         model = block["models"]["providers"]["clawproxy"]["models"][0]
         assert model["id"] == "qwen2.5-coder-1.5b" and model["contextWindow"] == 32768
-        assert block["tools"]["allow"] == ["read", "write", "edit", "exec"]  # the lean profile
+        assert model["compat"]["supportsTools"] is False  # the chat profile, this model's cap
 
         answers = []
         for msg, _ in FACTS:
