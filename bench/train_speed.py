@@ -102,7 +102,8 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
                              "trainer.finetune": finetune, "trainer.batch_size": args.batch_size,
                              "trainer.learning_rate": lr, "trainer.keep_checkpoints": 2,
                              "trainer.max_seq_len": max(4096, (args.prompt_tokens or 0) + 2 * args.completion_tokens),
-                             "trainer.threads": args.threads})
+                             "trainer.threads": args.threads,
+                             "trainer.gradient_checkpointing": args.gradient_checkpointing})
     store = Store(cfg.db_path)
     trainer = Trainer(cfg, store)
     from trainer.batch import select_samples
@@ -217,6 +218,7 @@ def main() -> None:
     p.add_argument("--modes", default="baseline,full,lora",
                    help="comma-separated, of baseline, full, lora (full fine-tuning of a 1.5B model in "
                         "float32 needs ~25 GB: --modes lora there)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="trainer.gradient_checkpointing")
     p.add_argument("--one", choices=["full", "lora", "baseline", "engine"], help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -232,6 +234,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--device", args.device,
                "--steps", str(args.steps), "--batch-size", str(args.batch_size),
                "--completion-tokens", str(args.completion_tokens)] + (
+                   ["--gradient-checkpointing"] if args.gradient_checkpointing else []) + (
                    ["--threads", str(args.threads)] if args.threads else []) + (
                    ["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
         t0 = time.time()

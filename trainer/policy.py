@@ -88,7 +88,8 @@ def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.n
         if current.version > 0:
             load_version_into(model, current, base_dir)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # non-reentrant: a LoRA model's frozen embeddings give the checkpointed blocks no input grad
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     from trl.trainer.utils import disable_dropout_in_model
 
