@@ -22,6 +22,8 @@ import time
 from _env import ROOT, reserve_port
 from engine import decode_rate, stream
 
+from tests.net import stop
+
 
 def serve(kind: str, args) -> tuple[subprocess.Popen, str, str]:
     port = reserve_port()
@@ -66,11 +68,7 @@ def measure(kind: str, tokenizer, args) -> dict:
             print(f"  {kind} round {r}: {res['prompt_tokens']} prompt tokens, TTFT {res['ttft']:.2f} s, "
                   f"decode {rates[-1]:.1f} tok/s", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     return {"engine": kind, "start_s": round(start_s, 1), "ttft_s": round(statistics.median(ttft), 2),
             "decode_tok_s": round(statistics.median(rates), 1)}
 

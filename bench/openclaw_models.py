@@ -25,6 +25,8 @@ from pathlib import Path
 
 from _env import ROOT, reserve_port
 
+from tests.net import stop
+
 QUESTIONS = [  # (question, what a right answer says)
     ("What is the capital of France?", r"\bparis\b"),
     ("Which planet is the largest in our solar system?", r"\bjupiter\b"),
@@ -112,11 +114,7 @@ def run_pair(model: str, profile: str, engine: str, openclaw) -> dict:
             except AssertionError as e:
                 row["read_call"], row["read_error"] = False, str(e)[-300:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     row["load_avg"] = round(os.getloadavg()[0], 1)
     return row
 

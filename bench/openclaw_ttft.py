@@ -1,6 +1,6 @@
 """TTFT and decode speed as the real OpenClaw client sees them, through the default stack.
 
-Starts `clawproxy start --no-train` (embedded engine, bundled default model) on loopback, writes
+Starts `clawproxy start --no-train` (the default engine and model) on loopback, writes
 OpenClaw's config with `clawproxy openclaw-config --write` (the profile it picks for the model),
 sends one conversation of N messages through the real client (`openclaw agent --local`, one
 session), and prints per recorded turn: kind, prompt tokens (and how many of them the engine's
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--messages", type=int, default=2, help="messages in the conversation (1-3)")
     ap.add_argument("--profile", default=None, help="openclaw-config --profile (default: its choice)")
     ap.add_argument("--max-tokens", type=int, default=None, help="openclaw-config --max-tokens")
-    ap.add_argument("--model", default=None, help="clawproxy start --model (default: the bundled one)")
+    ap.add_argument("--model", default=None, help="clawproxy start --model (default: the configured one)")
     args = ap.parse_args(argv)
 
     from click.testing import CliRunner

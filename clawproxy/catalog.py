@@ -95,7 +95,7 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
         finetune="lora",  # full AdamW in fp32 needs ~25 GB
         # chat: right short answers that stop. With tools (lean) it answers trivia with invented
         # file reads or OpenClaw's reply tag alone; its read calls work (qwen_fenced) when a task
-        # needs a file, so `--profile lean` is there for that (bench/results/openclaw-models.md)
+        # needs a file, so `--profile lean` is there for that (bench/results/openclaw-models.jsonl)
         openclaw_profile="chat",
     ),
     NamedModel(
