@@ -19,6 +19,7 @@ bullet points it does in 3 of 16 (0 untold) and 6 of 16 answers loop; told to dr
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=160, help="Greedy tokens per answer (the benchmark's).")
     p.add_argument("--model", default="default", help="Model spec, as engine.model.")
     p.add_argument("--data-dir", default=None, help="Where the converted default model is cached.")
+    p.add_argument("--engine-url", default=None,
+                   help="Answer through this OpenAI-compatible engine (e.g. the vLLM serving --model) "
+                        "instead of in-process transformers; greedy either way.")
     p.add_argument("--out", default=None, help="Write the results (answers included) as JSON here.")
     return p.parse_args(argv)
 
@@ -41,6 +45,25 @@ def hinted_prompt(prompt: str, hint: str) -> str:
     from trainer.batch import add_hint
 
     return add_hint([{"role": "user", "content": prompt}], hint)[0]["content"]
+
+
+async def _answer_via(url: str, texts: list[str], model: str | None, max_tokens: int) -> list:
+    """Greedy answers from an OpenAI-compatible engine, the user message alone (as ``generate``)."""
+    import aiohttp
+
+    from clawproxy.simulate.driver import stream_chat, v1
+
+    async with aiohttp.ClientSession() as http:
+        if model is None:
+            async with http.get(v1(url) + "/models") as r:
+                model = (await r.json())["data"][0]["id"]
+
+        async def one(text: str):
+            body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
+                    "max_completion_tokens": max_tokens, "temperature": 0.0}
+            return await stream_chat(http, v1(url) + "/chat/completions", body, {}, 900.0)
+
+        return await asyncio.gather(*(one(t) for t in texts))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -56,11 +79,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     unknown = [p for p in personas if p not in PREFERENCES]
     if unknown:
         raise SystemExit(f"unknown persona {unknown[0]!r}; use one of {', '.join(PREFERENCES)}")
-    model, tok = load_model_and_tokenizer(args.model, args.data_dir)  # in eval mode
     prompts = list(TRAIN_PROMPTS[: args.prompts])
+    cut: dict[str, bool] = {}  # answer text -> the token limit cut it off
 
-    def answer(texts: list[str]) -> list[str]:  # one at a time: no answer depends on padding
-        return [generate(model, tok, [t], args.max_tokens, sample=False)[0][2] for t in texts]
+    if args.engine_url:
+        model_name = args.model if args.model != "default" else None
+
+        def answer(texts: list[str]) -> list[str]:
+            comps = asyncio.run(_answer_via(args.engine_url, texts, model_name, args.max_tokens))
+            for c in comps:
+                cut[c.text] = c.finish_reason == "length"
+            return [c.text for c in comps]
+    else:
+        model, tok = load_model_and_tokenizer(args.model, args.data_dir)  # in eval mode
+
+        def answer(texts: list[str]) -> list[str]:  # one at a time: no answer depends on padding
+            outs = [generate(model, tok, [t], args.max_tokens, sample=False)[0] for t in texts]
+            for _, ids, text in outs:
+                cut[text] = len(ids) >= args.max_tokens and ids[-1] != tok.eos_token_id
+            return [text for _, _, text in outs]
 
     plain = answer(prompts)
     results = []
@@ -78,13 +115,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ]),
         }
         for cond, answers in conditions.items():
-            graded = score_answers(prompts, answers, pref.check)
+            graded = score_answers(prompts, answers, pref.check, cut_off=[cut.get(a, False) for a in answers])
             n = len(graded)
             row = {
                 "persona": name, "condition": cond, "n": n,
                 "preference_rate": sum(g.met for g in graded) / n,
                 "adoption": sum(g.adopted for g in graded) / n,
                 "degenerate_share": sum(g.degenerate is not None for g in graded) / n,
+                "cut_off_share": sum(g.cut_off for g in graded) / n,
                 "mean_words": sum(g.words for g in graded) / n,
                 "answers": dict(zip(prompts, answers, strict=True)),
             }

@@ -28,7 +28,8 @@ class JudgeConfig:
         "i.e. proxy.upstream or the embedded engine; never the proxy itself).",
     )
     llm_model: str | None = setting(
-        None, "Model name for the LLM voter (default: the first of /v1/models)."
+        None, "Model name for the LLM voter (default: the supervised engine's base model, never the "
+        "adapter being trained; the first of /v1/models for any other server)."
     )
     temperature: float = setting(0.7, "Sampling temperature of the LLM voter.", ge=0.0, le=2.0)
     llm_max_tokens: int = setting(

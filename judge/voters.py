@@ -228,7 +228,8 @@ class LLMVoter:
             self.model = str(models[0]["id"])
         return self.model
 
-    def complete(self, messages: list[dict[str, str]]) -> str:
+    def complete(self, messages: list[dict[str, str]], n: int = 1) -> list[str]:
+        """``n`` sampled answers from one request (the prompt is read once for all of them)."""
         body = {
             "model": self._model_name(),
             "messages": messages,
@@ -236,21 +237,37 @@ class LLMVoter:
             "max_tokens": self.max_tokens,
             "stream": False,
         }
+        if n > 1:
+            body["n"] = n
         out = self._request("POST", "/v1/chat/completions", body)
-        return str(out["choices"][0]["message"].get("content") or "")
+        return [str(c["message"].get("content") or "") for c in out["choices"]]
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
-        """One sampled verdict. An unreachable endpoint raises ``VoterUnavailable`` (the worker
-        retries the turn later: an outage is not a verdict); a reply that is not an OpenAI chat
-        completion, or an answer off the format, is a failed vote."""
+        """One sampled verdict (see ``votes``)."""
+        return self.votes(inp, 1)[0]
+
+    def votes(self, inp: JudgeInput, m: int) -> list[Vote]:
+        """m sampled verdicts from one request (``n=m``). An unreachable endpoint raises
+        ``VoterUnavailable`` (the worker retries the turn later: an outage is not a verdict); a
+        reply that is not an OpenAI chat completion, or an answer off the format, is a failed vote."""
         if inp.role == "tool":
-            return tool_vote(inp)
+            return [tool_vote(inp)] * m
+        raws: list[str] = []
         try:
-            raw = self.complete(render_prompt(inp))
+            while len(raws) < m:  # a server that ignores ``n`` answers once per request
+                got = self.complete(render_prompt(inp), n=m - len(raws))
+                if not got:
+                    raise ValueError("the completion has no choices")
+                raws += got[: m - len(raws)]
         except UpstreamError as e:  # an error status, refused, timed out
             raise VoterUnavailable(f"{self.base_url}: {e.message}") from e
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
-            return Vote(None, raw=None, error=f"{type(e).__name__}: {e}")
+            error = f"{type(e).__name__}: {e}"
+            return [self._parse(inp, r) for r in raws] + [Vote(None, error=error)] * (m - len(raws))
+        return [self._parse(inp, r) for r in raws]
+
+    @staticmethod
+    def _parse(inp: JudgeInput, raw: str) -> Vote:
         try:
             score, hint = parse_vote(raw)
         except MalformedVote as e:
@@ -262,6 +279,14 @@ class LLMVoter:
         return Vote(score, hint, raw=raw)
 
 
+def cast(voter: Voter, inp: JudgeInput, m: int) -> list[Vote]:
+    """m votes on one turn: in one request where the voter can sample them together."""
+    many = getattr(voter, "votes", None)
+    if callable(many):
+        return list(many(inp, m))
+    return [voter.vote(inp, idx) for idx in range(m)]
+
+
 def build_voter(cfg: Any, name: str | None = None) -> Voter:
     """The voter named by ``name`` or ``cfg.judge.voter`` (cfg is a clawproxy Config)."""
     name = name or cfg.judge.voter
@@ -271,6 +296,9 @@ def build_voter(cfg: Any, name: str | None = None) -> Voter:
         return LexicalVoter()
     if name == "llm":
         url = cfg.judge.llm_url or cfg.engine_url
-        return LLMVoter(url, cfg.judge.llm_model, cfg.judge.temperature,
+        model = cfg.judge.llm_model
+        if model is None and cfg.judge.llm_url is None and cfg.proxy.upstream is None:
+            model = cfg.engine.served_name  # the frozen base weights by name, never the adapter in training
+        return LLMVoter(url, model, cfg.judge.temperature,
                         max_tokens=cfg.judge.llm_max_tokens, timeout_s=cfg.judge.llm_timeout_s)
     raise ValueError(f"unknown voter {name!r}: use embedding, llm or lexical")

@@ -28,7 +28,7 @@ from typing import Any
 
 from clawproxy.store import Store
 from judge.extract import from_turn
-from judge.voters import Vote, Voter, final_hint, majority
+from judge.voters import Vote, Voter, cast, final_hint, majority
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +53,14 @@ class Worker:
     def cast_votes(self, turn: dict[str, Any], final_attempt: bool) -> list[Vote] | None:
         """m votes, or None if a vote raised and the turn should be retried later."""
         inp = from_turn(turn)
-        votes: list[Vote] = []
-        for idx in range(self.votes):
-            try:
-                votes.append(self.voter.vote(inp, idx))
-            except Exception as e:
-                log.warning("judge: voter %s raised on turn %s vote %d: %s: %s",
-                            self.voter.name, turn["id"], idx, type(e).__name__, e)
-                if not final_attempt:
-                    return None
-                votes.append(Vote(None, error=f"{type(e).__name__}: {e}"))
-        return votes
+        try:
+            return cast(self.voter, inp, self.votes)
+        except Exception as e:
+            log.warning("judge: voter %s raised on turn %s: %s: %s",
+                        self.voter.name, turn["id"], type(e).__name__, e)
+            if not final_attempt:
+                return None
+            return [Vote(None, error=f"{type(e).__name__}: {e}")] * self.votes
 
     def write(self, turn_id: int, votes: list[Vote]) -> int | None:
         """Write the votes and the judgment atomically; None if the turn was judged meanwhile."""

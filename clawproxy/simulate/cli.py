@@ -102,7 +102,7 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         oracle=oracle, settle=not no_settle, trainer_batch_size=cfg.trainer.batch_size,
         method=f"{cfg.trainer.method}/{cfg.trainer.finetune}",
         llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model, feedback=feedback_path,
-        eval_prompts=eval_prompts,
+        eval_prompts=eval_prompts, model=cfg.engine.served_name, engine_kind=cfg.engine.kind,
     )
     table = LiveTable()
     try:

@@ -57,7 +57,9 @@ class SimSettings:
     eval_max_tokens: int = 160
     temperature: float = 0.7
     seed: int = 0
-    model: str = "default"
+    model: str = "default"  # the model id the user's client names (the engine's served name)
+    engine_kind: str = "embedded"  # 'vllm': held-out answers name the published adapter
+    adapter: str = "clawproxy"  # vLLM's name for the trainer's LoRA adapter
     oracle: bool = False
     settle: bool = True
     settle_timeout_s: float = 600.0
@@ -118,6 +120,11 @@ class StoreView:
                     unconsumed += 1
         return {"unjudged": unjudged, "unconsumed": unconsumed, "pending": pending,
                 "published": self.store.latest_weight_version()}
+
+    def published(self) -> tuple[int, str | None]:
+        """The newest published version and its kind ('lora', 'full'; None: the base model)."""
+        row = self.store.published_checkpoint()
+        return (int(row["version"]), str(row["kind"])) if row else (0, None)
 
     def _turn_rows(self, interactions: list[Interaction]) -> list[tuple[Interaction, dict[str, Any]]]:
         """Each interaction with its recorded main turn (a conversation's closing call has none)."""
@@ -182,8 +189,8 @@ class StoreView:
         return written
 
 
-async def served_version(http: aiohttp.ClientSession, engine_url: str | None) -> int | None:
-    if not engine_url:
+async def served_version(http: aiohttp.ClientSession, engine_url: str | None, kind: str = "embedded") -> int | None:
+    if not engine_url or kind == "vllm":  # vLLM 0.32 cannot say; the trainer publishes after the load
         return None
     try:
         from clawproxy.engine.client import EngineClient
@@ -223,7 +230,7 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                 if s.oracle:
                     await asyncio.to_thread(view.write_oracle_judgments, interactions, persona.preference.hint)
                 b = await asyncio.to_thread(view.backlog, sessions)
-                served = await served_version(http, s.eval_url)
+                served = await served_version(http, s.eval_url, s.engine_kind)
                 state = (b["unjudged"], b["unconsumed"], b["published"], served)
                 caught_up = served is None or served >= b["published"]
                 if b["unjudged"] == 0 and b["unconsumed"] < s.trainer_batch_size and caught_up:
@@ -239,8 +246,13 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
         async def measure(done: int) -> None:
             await settle()
             held = list(eval_pool)
+            model, version = s.model, None
+            if s.engine_kind == "vllm" and view is not None:
+                # straight to vLLM: name what the proxy would route to, and read its version
+                version, kind = await asyncio.to_thread(view.published)
+                model = s.adapter if kind == "lora" else s.model
             if s.eval_url:
-                comps = await answer_heldout(http, s.eval_url, held, model=s.model,
+                comps = await answer_heldout(http, s.eval_url, held, model=model,
                                              system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
                                              seed=s.seed)
             else:
@@ -251,6 +263,8 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                                              persona.check, s.on_topic_min,
                                              [c.finish_reason == "length" for c in comps])
             versions = [c.weight_version for c in comps if c.weight_version is not None]
+            if version is not None and not versions:
+                versions = [version]
             score, judged = (None, 0)
             if view:
                 score, judged = await asyncio.to_thread(view.judge_summary, since_point)

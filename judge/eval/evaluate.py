@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judge.eval.dataset import Case
-from judge.voters import EmbeddingVoter, Vote, Voter, majority
+from judge.voters import EmbeddingVoter, Vote, Voter, cast, majority
 
 CLASSES = (1, 0, -1)
 CLASS_NAME = {1: "good", 0: "neutral", -1: "bad"}
@@ -27,6 +27,7 @@ class Report:
     gold: list[int] = field(default_factory=list)
     pred: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
+    votes: list[list[int | None]] = field(default_factory=list)  # each case's m scores
     failed_votes: int = 0
     total_votes: int = 0
     seconds: float = 0.0
@@ -75,6 +76,7 @@ class Report:
             "failed_votes": self.failed_votes, "total_votes": self.total_votes,
             "seconds": round(self.seconds, 2),
             "errors": [{"id": i, "gold": g, "pred": p} for i, g, p in self.errors()],
+            "cases": [{"id": i, "gold": g, "votes": v} for i, g, v in zip(self.ids, self.gold, self.votes, strict=True)],
         }
 
 
@@ -88,16 +90,15 @@ def evaluate(voter: Voter, cases: list[Case], m: int, split: str, progress: Any 
     t0 = time.perf_counter()
     feats = voter.precompute([c.inp for c in cases]) if isinstance(voter, EmbeddingVoter) else None
     for i, case in enumerate(cases):
-        votes: list[Vote] = []
-        for idx in range(m):
-            try:
-                if feats is not None:
-                    v = voter.vote_from_features(case.inp, feats[i], idx)  # type: ignore[union-attr]
-                else:
-                    v = voter.vote(case.inp, idx)
-            except Exception as e:  # a voter bug counts as a failed vote, as in the worker
-                v = Vote(None, error=f"{type(e).__name__}: {e}")
-            votes.append(v)
+        try:
+            if feats is not None:
+                votes = [voter.vote_from_features(case.inp, feats[i], idx)  # type: ignore[union-attr]
+                         for idx in range(m)]
+            else:
+                votes = cast(voter, case.inp, m)
+        except Exception as e:  # a voter bug counts as failed votes, as in the worker
+            votes = [Vote(None, error=f"{type(e).__name__}: {e}")] * m
+        report.votes.append([v.score for v in votes])
         report.failed_votes += sum(v.score is None for v in votes)
         report.total_votes += len(votes)
         report.gold.append(case.score)

@@ -27,7 +27,7 @@ class LocalLLMVoter(LLMVoter):
         self._lock = threading.Lock()
         torch.manual_seed(seed)
 
-    def complete(self, messages: list[dict[str, str]]) -> str:
+    def complete(self, messages: list[dict[str, str]], n: int = 1) -> list[str]:
         import torch
 
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
@@ -40,5 +40,6 @@ class LocalLLMVoter(LLMVoter):
                 temperature=self.temperature if self.temperature > 0 else None,
                 top_p=None, top_k=None,
                 pad_token_id=self.tokenizer.pad_token_id,
+                num_return_sequences=n,
             )
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)

@@ -19,8 +19,9 @@ INP = JudgeInput(request="Explain recursion.", response="(600 words)", next_stat
 class FakeEngine:
     """Answers /v1/models and /v1/chat/completions with queued replies; records request bodies."""
 
-    def __init__(self, replies: list[str]):
+    def __init__(self, replies: list[str], ignore_n: bool = False):
         self.replies = list(replies)
+        self.ignore_n = ignore_n
         self.requests: list[dict] = []
         outer = self
 
@@ -42,9 +43,11 @@ class FakeEngine:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 outer.requests.append(body)
-                content = outer.replies.pop(0) if outer.replies else "Score: 0"
+                n = 1 if outer.ignore_n else body.get("n", 1)
+                contents = [outer.replies.pop(0) if outer.replies else "Score: 0" for _ in range(n)]
                 self._send({"id": "x", "object": "chat.completion", "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
+                    {"index": i, "message": {"role": "assistant", "content": c}, "finish_reason": "stop"}
+                    for i, c in enumerate(contents)]})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -74,6 +77,21 @@ def test_llm_votes_parse_and_sample_at_temperature():
     assert "Explain recursion." in prompt and "too long, 2 lines max" in prompt  # request in context
 
 
+def test_m_votes_are_sampled_in_one_request():
+    replies = ["Score: -1\nHint: Shorter.", "Score: -1", "Score: 0"]
+    with FakeEngine(replies) as fake:
+        votes = LLMVoter(fake.url, model="m").votes(INP, 3)
+    assert [v.score for v in votes] == [-1, -1, 0]
+    assert len(fake.requests) == 1 and fake.requests[0]["n"] == 3
+
+
+def test_a_server_that_ignores_n_is_asked_again():
+    with FakeEngine(["Score: +1", "Score: -1", "Score: +1"], ignore_n=True) as fake:
+        votes = LLMVoter(fake.url, model="m").votes(INP, 3)
+    assert [v.score for v in votes] == [1, -1, 1]
+    assert [r.get("n") for r in fake.requests] == [3, 2, None]
+
+
 def test_missing_llm_hint_falls_back_to_the_users_words():
     with FakeEngine(["Score: -1\nHint: none"]) as fake:
         vote = LLMVoter(fake.url, model="m").vote(INP, 0)
@@ -91,6 +109,7 @@ def test_build_voter_defaults_to_the_engine_not_the_proxy():
     cfg = load_config(None, {"judge.voter": "llm", "engine.port": 9123})
     voter = build_voter(cfg)
     assert isinstance(voter, LLMVoter) and voter.base_url == "http://127.0.0.1:9123"
+    assert voter.model == cfg.engine.served_name  # the base weights, not the adapter being trained
     cfg = load_config(None, {"judge.voter": "llm", "proxy.upstream": "http://10.0.0.5:8000/v1",
                              "judge.llm_url": None})
     assert build_voter(cfg).base_url == "http://10.0.0.5:8000"
