@@ -152,8 +152,9 @@ class Turns(Core):
     def _move(self, turn_id: int, state: TurnState, **values: Any) -> None:
         """Move a turn to ``state`` (checked against its current one), with other columns."""
         row = self.query_one("SELECT reason FROM turns WHERE id=?", (turn_id,))
-        current = row["reason"] if row else None
-        self.update("turns", "id", turn_id, {**values, **state_columns(advance(current, state))})
+        if row is None:  # deleted meanwhile (`clawproxy sessions delete`): nothing left to move
+            return
+        self.update("turns", "id", turn_id, {**values, **state_columns(advance(row["reason"], state))})
 
     def _touch_session(self, *, id: str, source: str, session_key: str | None, agent: str | None,
                        compaction: int | None, seen_at: float, active: bool) -> None:

@@ -55,9 +55,6 @@ class Views(Core):
         )
         return [float(r["s"]) for r in rows]
 
-    def step_count(self) -> int:
-        return self.query_one("SELECT COUNT(*) AS n FROM train_steps")["n"]
-
     def main_turns_scored(self, session_prefix: str) -> list[dict[str, Any]]:
         """Main turns of the sessions whose id starts with ``session_prefix``, by id: id, turn_index,
         trainable, reason, next_state and the judge's score (None when not judged)."""

@@ -190,3 +190,26 @@ def test_reader_snapshot_sees_one_state_while_a_writer_commits(tmp_path):
     assert len(reader.events_of("publish")) == 2
     writer.close()
     reader.close()
+
+
+def test_list_sessions_counts_and_filters(tmp_path):
+    import pytest
+
+    s = Store(tmp_path / "s.db")
+    good = s.record_turn(_turn("g", session_id="good", turn_index=0, reason="ok"), session=_session("good", 3.0))
+    bad = s.record_turn(_turn("b", session_id="bad", turn_index=0, reason="ok"), session=_session("bad", 2.0))
+    s.record_turn(_turn("q", session_id="quiet", turn_index=0, kind="side", reason="side"),
+                  session=_session("quiet", 1.0))
+    s.add_judgment(good, 1, None, "test")
+    s.add_judgment(bad, -1, "no", "test")
+    rows = s.list_sessions()
+    assert [(r["id"], r["main_turns"], r["side_turns"], r["trainable_turns"], r["judged_turns"]) for r in rows] == [
+        ("good", 1, 0, 1, 1), ("bad", 1, 0, 1, 1), ("quiet", 0, 1, 0, 0)]
+    assert [r["id"] for r in s.list_sessions(2)] == ["good", "bad"]
+    assert [r["id"] for r in s.list_sessions(trainable=False)] == ["quiet"]
+    assert [r["id"] for r in s.list_sessions(trainable=True, score="neg")] == ["bad"]
+    assert [r["id"] for r in s.list_sessions(score="pos")] == ["good"]
+    assert [r["id"] for r in s.list_sessions(score="none")] == ["quiet"]
+    with pytest.raises(ValueError, match="pos, neg, zero, none"):
+        s.list_sessions(score="great")
+    s.close()

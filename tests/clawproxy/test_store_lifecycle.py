@@ -73,6 +73,10 @@ def test_the_store_refuses_an_illegal_move_and_writes_nothing(tmp_path):
     assert not s.has_turn("r3") and s.get_turn(first)["reason"] == "ok"
     with pytest.raises(ValueError, match="'later'"):
         _turn(s, "r4", "later")  # a first state must be one
+    # a turn deleted meanwhile (`sessions delete` from another process) has nothing to move
+    gone = _turn(s, "r7", "pending")
+    s.execute("DELETE FROM turns WHERE id=?", (gone,))
+    assert _turn(s, "r8", "pending", previous=Link(gone, TurnState.NO_NEXT_STATE)) is not None
     # a final turn keeps its state and still gets its next state on record
     empty = _turn(s, "r5", "empty")
     _turn(s, "r6", "pending", previous=Link(empty, None, [{"role": "user", "content": "?"}], "user"))
