@@ -46,7 +46,7 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     try:
         store = Store(cfg.db_path)
         worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size)
-        total = None if follow else store.unjudged_count()
+        total = None if follow else store.judge_backlog()["pending"]
         if limit is not None and total is not None:
             total = min(total, limit)
         with progress(f"judging ({worker.voter.name}, m={worker.votes})", total, no_progress) as advance:

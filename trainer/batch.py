@@ -1,12 +1,13 @@
 """Batches from the store: judged main turns as the engine sampled them, filtered with reasons.
 
-A candidate is a turn with ``trainable=1``, ``kind='main'``, a row in ``judgments``, and no row in
+A candidate is a judged turn in state ``ok`` (``clawproxy/store/lifecycle.py``) with no row in
 ``trained_samples`` or ``skipped_samples``. The model input is the recorded ``prompt_token_ids`` +
 ``completion_token_ids`` with the recorded ``completion_logprobs`` as the behaviour policy: never a
 re-rendered chat template (a re-render drifts from what the model saw: docs/openclaw-wire.md). Only the OPD teacher's prompt is rendered, because it must
 contain the hint; the completion ids appended to it are the recorded ones, unchanged.
 
-Each rejected candidate gets one reason, written to ``skipped_samples`` so it is counted once:
+Each rejected candidate gets one reason (``clawproxy.store.why_not_trained``, the one place that says
+why a turn does not train), written to ``skipped_samples`` so it is counted once:
 
 - ``missing_token_ids``  no prompt/completion ids or log-probs, or their lengths disagree
 - ``empty``              no completion tokens
@@ -39,9 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clawproxy.degenerate import ids_loop
 from clawproxy.openclaw import is_ctx
-from clawproxy.store import Store
+from clawproxy.store import Store, why_not_trained
 from trainer.config import TrainerConfig
 
 HINT_TEMPLATE = "[User's hint: {hint}]"
@@ -74,32 +74,6 @@ class Selection:
     skipped: dict[int, str]  # turn_id -> reason
 
 
-def _reject_reason(row: dict[str, Any], cfg: TrainerConfig, current_version: int) -> str | None:
-    prompt, completion, logps = row["prompt_token_ids"], row["completion_token_ids"], row["completion_logprobs"]
-    if not prompt or completion is None or logps is None or len(logps) != len(completion):
-        return "missing_token_ids"
-    if len(completion) == 0:
-        return "empty"
-    hint = (row["hint"] or "").strip()
-    if row.get("finish_reason") == "length" and (cfg.method == "rl" or not hint):
-        return "truncated"
-    if ids_loop(completion):
-        return "degenerate"
-    if len(prompt) + len(completion) > cfg.max_seq_len:
-        return "too_long"
-    version = row["weight_version"] or 0
-    if version < current_version - cfg.max_staleness:
-        return "stale"
-    score = int(row["score"])
-    if cfg.method == "rl" and score == 0:
-        return "score_0"
-    if cfg.method == "opd" and not hint:
-        return "no_hint"
-    if cfg.method == "combined" and score == 0 and not hint:
-        return "score_0"
-    return None
-
-
 def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
     """Which loss terms a selected candidate gets (``rl`` / ``rl_opd`` / ``opd``)."""
     if cfg.method == "rl":
@@ -115,7 +89,8 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:
-        reason = _reject_reason(row, cfg, current_version)
+        reason = why_not_trained(row, method=cfg.method, max_seq_len=cfg.max_seq_len,
+                                 max_staleness=cfg.max_staleness, current_version=current_version)
         if reason:
             skipped[row["id"]] = reason
             continue

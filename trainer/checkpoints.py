@@ -49,7 +49,7 @@ def checkpoints_root(data_dir: Path) -> Path:
 
 def current_version(store: Store, base_dir: Path) -> Version:
     """What the engine should be serving: the newest published checkpoint, else the base model."""
-    row = store.published_checkpoint()
+    row = store.serving_checkpoint()
     if row is None:
         return Version(0, Path(base_dir), "full")
     return Version(int(row["version"]), Path(row["path"]), row["kind"])

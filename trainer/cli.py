@@ -184,7 +184,7 @@ def collect_stats(store: Any) -> dict[str, Any]:
         "rollbacks": rollbacks,
         "skipped_by_reason": store.skipped_by_reason(),
         "trained_by_kind": store.trained_by_kind(),
-        "steps": store.step_count(),
+        "steps": sum(store.step_counts().values()),
     }
 
 

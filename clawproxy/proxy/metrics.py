@@ -258,7 +258,7 @@ def _store_metrics(store: Store, vote_counts: dict[tuple[str, int | None], int])
                                     "published checkpoint (validation and the engine's load).")
     reloads.add_metric([], _buckets(durations, RELOAD_BUCKETS), sum_value=math.fsum(durations))
     yield reloads
-    newest = store.newest_published()
+    newest = store.serving_checkpoint()
     yield GaugeMetricFamily("clawproxy_weight_version", "The newest published weight version, "
                             "the one the engine serves (0: the base model).",
                             value=newest["version"] if newest else 0)

@@ -84,7 +84,7 @@ class ModelRouter:
 
         if self._store is None:
             self._store = Store(self.cfg.db_path)
-        row = self._store.published_checkpoint()
+        row = self._store.serving_checkpoint()
         self.adapter_path = row["path"] if row is not None and row["kind"] == "lora" else None
 
     async def _poll(self) -> None:

@@ -19,13 +19,12 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
-from clawproxy.degenerate import is_degenerate
 from clawproxy.openclaw import is_ctx, message_text, strip_ctx
-from clawproxy.store import Store
+from clawproxy.store import WAITING, Link, Store, TurnState, recorded_state
 
 log = logging.getLogger("clawproxy.sessions")
 
@@ -199,30 +198,6 @@ def is_heartbeat_prompt(text: str) -> bool:
     return t.startswith("Follow the heartbeat monitor") or "[OpenClaw heartbeat poll]" in t
 
 
-def trainability(rec: dict[str, Any], kind: str) -> str:
-    """The reason a turn is not trainable, or 'pending' (it waits for its next state)."""
-    if kind == "side":
-        return "side"
-    if kind == "retry":
-        return "retry"
-    if rec["status"] == "aborted":
-        return "aborted"
-    if rec["status"] != "ok":
-        return "error"
-    finish = rec.get("finish_reason")
-    if finish == "length":
-        return "truncated"
-    if finish == "abort":  # the engine cut it short (vLLM's abort; our engine's shutdown)
-        return "aborted"
-    if finish not in ("stop", "tool_calls"):
-        return "error"
-    if is_degenerate(rec.get("response_text") or ""):
-        return "degenerate"
-    if not (rec.get("response_text") or "").strip() and not rec.get("response_tool_calls"):
-        return "empty"
-    return "pending"
-
-
 def next_state_after(
     messages: list[Any], prompt_len: int | None, prompt_hash: bytes | None,
     hashes: list[bytes] | None = None,
@@ -273,16 +248,30 @@ def next_state_after(
 # -- the tracker ---------------------------------------------------------------------------------
 @dataclass
 class _Pending:
+    """The session's newest main turn, which the next main request may carry the next state of."""
+
     turn_id: int
     prompt_len: int
     prompt_hash: bytes
-    reason: str
+    state: TurnState
+
+
+class _Seen(NamedTuple):
+    """A request body the retry memory knows: the turn that carried it."""
+
+    turn_id: int
+    created_at: float
+    status: str
+    session_id: str | None
 
 
 @dataclass
 class _SessionState:
     next_index: int
     pending: _Pending | None
+
+
+_STATES = frozenset(TurnState)  # a row written outside the recorder may hold anything
 
 
 class SessionTracker:
@@ -299,7 +288,7 @@ class SessionTracker:
         self.idle_timeout_s = idle_timeout_s
         self._sessions: dict[str, _SessionState] = {}
         self._prefix_index: OrderedDict[bytes, str] = OrderedDict()
-        self._recent: OrderedDict[str, tuple[int, float, str, str | None]] = OrderedDict()
+        self._recent: OrderedDict[str, _Seen] = OrderedDict()
         self._index_size = index_size
         self._warm = False
 
@@ -315,7 +304,7 @@ class SessionTracker:
                 self._remember(self._prefix_index, prefix_hashes(prompt)[-1], sid)
         recent = store.recent_bodies(now - self.retry_window_s, self._index_size)
         for r in reversed(recent):
-            self._remember(self._recent, r["body_hash"], (r["id"], r["created_at"], r["status"], r["session_id"]))
+            self._remember(self._recent, r["body_hash"], _Seen(r["id"], r["created_at"], r["status"], r["session_id"]))
         if rows or recent:
             log.info("session index seeded from the store: %d open session(s), %d recent body(ies)",
                      len(rows), len(recent))
@@ -337,10 +326,10 @@ class SessionTracker:
         pending = None
         # Only the newest main turn can wait for a next state: an answered, failed or finalized
         # one means the conversation moved on without it.
-        if (last and last["status"] == "ok" and not last["answered"]
-                and last["reason"] != "no_next_state"):
+        state = TurnState(last["reason"]) if last and last["reason"] in _STATES else None
+        if last and last["status"] == "ok" and not last["answered"] and state not in (None, TurnState.NO_NEXT_STATE):
             prompt = strip_ctx(last["request_messages"] or [])
-            pending = _Pending(last["id"], len(prompt), prefix_hashes(prompt)[-1], last["reason"])
+            pending = _Pending(last["id"], len(prompt), prefix_hashes(prompt)[-1], state)
         st = _SessionState(next_index, pending)
         self._sessions[sid] = st
         return st
@@ -384,26 +373,25 @@ class SessionTracker:
         # bodies live in memory (bounded), seeded from the store after a restart.
         bh = rec.get("body_hash")
         retry_of = None
-        prev = self._recent.get(bh) if bh and messages else None
+        seen = self._recent.get(bh) if bh and messages else None
         # Same body from another session (two users both saying "hi") is not a retry.
-        if prev and now - prev[1] <= self.retry_window_s and (sid is None or sid == prev[3]):
-            retry_of = prev
-            if sid is None and prev[3] is not None:
-                sid, source = prev[3], "retry"
+        if seen and now - seen.created_at <= self.retry_window_s and sid in (None, seen.session_id):
+            retry_of = seen
+            if sid is None and seen.session_id is not None:
+                sid, source = seen.session_id, "retry"
         if sid is None and messages and kind == "main":
             sid, source = f"anon-{uuid.uuid4().hex[:12]}", "new"
         retried = None
-        if retry_of and retry_of[2] == "ok":
+        if retry_of and retry_of.status == "ok":
             kind = "retry"
         elif retry_of:
             # The earlier copy failed: it becomes the retry, this one is the turn we keep.
-            retried = retry_of[0]
+            retried = retry_of.turn_id
 
-        reason = trainability(rec, kind)
+        state = recorded_state(rec, kind)
         row = {k: rec.get(k) for k in _TURN_FIELDS}
         row.update(
-            session_id=sid, kind=kind, side_kind=side_kind, compaction=ident.compaction,
-            trainable=0, reason=reason,
+            session_id=sid, kind=kind, side_kind=side_kind, compaction=ident.compaction, reason=state,
             request_messages=messages or None,
             request_tools=body.get("tools"),
             request_params={k: v for k, v in body.items() if k not in ("messages", "tools")} or None,
@@ -427,32 +415,28 @@ class SessionTracker:
             self.forget()
             return None
         if bh and messages and kind != "retry":
-            self._remember(self._recent, bh, (turn_id, now, rec["status"], sid))
+            self._remember(self._recent, bh, _Seen(turn_id, now, rec["status"], sid))
         if st is not None and kind == "main" and messages and rec["status"] == "ok":
-            st.pending = _Pending(turn_id, len(prompt), hashes[-1], reason)
+            st.pending = _Pending(turn_id, len(prompt), hashes[-1], state)
             self._remember(self._prefix_index, hashes[-1], sid)
         return turn_id
 
-    def _link(self, st: _SessionState, messages: list[Any],
-              hashes: list[bytes]) -> tuple[int, dict[str, Any]] | None:
-        """This main request carries the next state of the session's previous main turn: the
-        (turn id, columns) update of that turn, or None."""
+    def _link(self, st: _SessionState, messages: list[Any], hashes: list[bytes]) -> Link | None:
+        """What this main request says of the session's previous main turn: its next state, and
+        the move of a waiting turn to ``ok`` (next state found) or ``no_next_state`` (none)."""
         p = st.pending
         if p is None:
             return None
         st.pending = None
+        waiting = p.state in WAITING
         ns = next_state_after(messages, p.prompt_len, p.prompt_hash, hashes)
         if ns is None:
-            return (p.turn_id, {"reason": "no_next_state"}) if p.reason == "pending" else None
+            return Link(p.turn_id, TurnState.NO_NEXT_STATE) if waiting else None
+        # A cut-off answer is judged like any other: the user reacted to what was cut off; the
+        # trainer decides what it trains (trainer/batch.py). One that is final keeps its next
+        # state for the record only.
         role = "tool" if ns[0].get("role") == "tool" else "user"
-        values: dict[str, Any] = {"next_state": ns, "next_state_role": role}
-        if p.reason == "pending":
-            values.update(trainable=1, reason="ok")
-        elif p.reason == "truncated":
-            # Judged like any answer: the user reacted to what was cut off (the judge scores and
-            # `sessions` shows it); the trainer skips it with the reason "truncated".
-            values.update(trainable=1)
-        return p.turn_id, values
+        return Link(p.turn_id, TurnState.OK if waiting else None, ns, role)
 
     def finalize_idle(self, store: Store, now: float | None = None) -> int:
         """Sessions idle past the timeout: their pending last turn gets no next state."""

@@ -114,9 +114,8 @@ class StoreView:
                 if r["score"] is None:
                     unjudged += 1
                     continue
-                used = self.store.was_trained(r["id"])
-                skipped = self._skip_reason(r["id"]) is not None
-                if not used and not skipped and r["score"] != 0:
+                fate = self.store.training_fate([r["id"]])[r["id"]]
+                if fate["step"] is None and fate["skipped"] is None and r["score"] != 0:
                     unconsumed += 1
         return {"unjudged": unjudged, "unconsumed": unconsumed, "pending": pending,
                 "published": self.store.latest_weight_version()}
@@ -153,7 +152,8 @@ class StoreView:
         judged but not consumed yet)."""
         out: dict[str, int] = {}
         for _, row in self._turn_rows(interactions):
-            kind = self.store.trained_kind(row["id"])
+            fate = self.store.training_fate([row["id"]])[row["id"]]
+            kind = fate["kind"]
             if kind is not None:
                 key = f"trained:{kind}" if kind else "trained"
             elif not row["trainable"]:
@@ -161,16 +161,9 @@ class StoreView:
             elif row["score"] is None:
                 key = "unjudged"
             else:
-                skipped = self._skip_reason(row["id"])
-                key = f"skipped:{skipped}" if skipped else "waiting"
+                key = f"skipped:{fate['skipped']}" if fate["skipped"] else "waiting"
             out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items()))
-
-    def _skip_reason(self, turn_id: int) -> str | None:
-        try:
-            return self.store.skip_reason(turn_id)
-        except Exception:  # older schema without the trainer's skipped_samples table
-            return None
 
     def write_oracle_judgments(self, interactions: list[Interaction], hint: str) -> int:
         """Judge this run's turns from the persona's own check; returns how many were written."""

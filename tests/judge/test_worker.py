@@ -40,7 +40,7 @@ def seed(store: Store) -> dict[str, int]:
 def test_worker_judges_trainable_turns_once(store):
     ids = seed(store)
     worker = Worker(store, LexicalVoter(), votes=3)
-    assert store.unjudged_count() == 3
+    assert store.judge_backlog()["pending"] == 3
     assert worker.run(follow=False, poll_interval_s=0.01, stop=threading.Event()) == 3
     scores = {r["turn_id"]: r for r in store.query("SELECT * FROM judgments")}
     assert scores[ids["good"]]["score"] == 1

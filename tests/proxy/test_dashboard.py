@@ -99,7 +99,7 @@ def stack(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, Any]]:
             def judged() -> bool:
                 assert proc.poll() is None, (base / "record.log").read_text()[-3000:]
                 with contextlib.closing(_store(data)) as s:
-                    return s.judge_progress()["judged"] >= 4
+                    return s.judge_backlog()["judged"] >= 4
 
             wait_until("the judge scored the four turns with a next state", judged, timeout=90)
     finally:

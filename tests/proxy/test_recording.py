@@ -75,7 +75,8 @@ async def test_truncated_and_degenerate_not_trainable(rig):
         await rig.chat(follow, {"x-session-id": sid})
     await rig.wait_recorded(4)
     a, b = rig.turns()[:2]
-    assert (a["reason"], a["trainable"], a["next_state_role"]) == ("truncated", 1, "user")
+    # truncated -> ok (clawproxy/store/lifecycle.py); the cut-off stays in its finish_reason
+    assert (a["reason"], a["trainable"], a["next_state_role"], a["finish_reason"]) == ("ok", 1, "user", "length")
     assert (b["reason"], b["trainable"]) == ("degenerate", 0) and b["next_state"] is not None
 
 

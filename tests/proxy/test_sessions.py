@@ -17,7 +17,6 @@ from clawproxy.proxy.sessions import (
     prefix_hashes,
     split_compaction,
     strip_ctx,
-    trainability,
 )
 from tests.proxy.test_proxy_forwarding import CTX_MSG
 
@@ -96,15 +95,6 @@ def test_next_state_tolerates_rerendering():
     assert next_state_after(hb, 1, prefix_hashes(hb[:1])[-1]) == [{"role": "user", "content": "thanks"}]
 
 
-def test_trainability_reasons():
-    ok = {"status": "ok", "response_text": "fine answer"}
-    assert trainability({**ok, "finish_reason": "stop"}, "main") == "pending"
-    assert trainability({**ok, "finish_reason": "length"}, "main") == "truncated"
-    # the engine cut the generation short (shutdown, abort-mode pause): not an error of the turn
-    assert trainability({**ok, "finish_reason": "abort"}, "main") == "aborted"
-    assert trainability({**ok, "status": "aborted", "finish_reason": None}, "main") == "aborted"
-
-
 def test_degenerate():
     assert is_degenerate("the same words again " * 30)
     assert is_degenerate("ha" * 300)
@@ -112,7 +102,7 @@ def test_degenerate():
                              "next states matter for training, with enough distinct words to count.")
     assert not is_degenerate("zeros = [0, 0, 0, 0, 0, 0, 0, 0]  # a buffer of eight")  # data, not a loop
     # long real texts (prose, code, tables) are not loops
-    for path in ("README.md", "clawproxy/store.py", "docs/openclaw-wire.md"):
+    for path in ("README.md", "clawproxy/store/turns.py", "docs/openclaw-wire.md"):
         assert not is_degenerate((Path(__file__).resolve().parents[2] / path).read_text()), path
 
 

@@ -211,7 +211,7 @@ def _overview(s: Store, cfg: Config) -> dict[str, Any]:
 
 
 def _judge_state(s: Store, cfg: Config) -> dict[str, str]:
-    p = s.judge_progress()
+    p = s.judge_backlog()
     if not cfg.judge.enabled:
         return {"state": "off", "detail": f"judge.enabled is false; {p['judged']} turns judged before"}
     if p["pending"]:
@@ -244,7 +244,7 @@ async def sessions(request: web.Request) -> web.Response:
     q = request.query
     trainable = {"yes": True, "no": False}.get(q.get("trainable", ""))
     score = q.get("score") if q.get("score") in ("pos", "neg", "zero", "none") else None
-    rows = await request.app[UI_KEY].read(lambda s: s.sessions_filtered(trainable, score, 500))
+    rows = await request.app[UI_KEY].read(lambda s: s.list_sessions(500, trainable=trainable, score=score))
     return _page(request, "sessions.html", {"sessions": rows, "trainable": q.get("trainable", ""),
                                             "score": score or ""})
 

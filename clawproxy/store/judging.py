@@ -1,0 +1,88 @@
+"""Judging: the judge's queue (turns in ``ok`` with no judgment yet), its votes and judgments."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from clawproxy.store.core import Core
+from clawproxy.store.lifecycle import TRAINABLE_SQL
+
+# The judge's queue, oldest first: every turn the judge is yet to score.
+_UNJUDGED = f"""
+    SELECT t.* FROM turns t
+    LEFT JOIN judgments j ON j.turn_id = t.id
+    WHERE {TRAINABLE_SQL} AND t.next_state IS NOT NULL AND j.turn_id IS NULL
+    ORDER BY t.id
+"""
+
+
+class Judging(Core):
+    def unjudged_turns(self, limit: int, exclude: Iterable[int] = ()) -> list[dict[str, Any]]:
+        """Up to ``limit`` turns of the judge's queue, oldest first, but those in ``exclude``."""
+        exclude = set(exclude)
+        rows = self.query(_UNJUDGED + " LIMIT ?", (limit + len(exclude),))
+        return [r for r in rows if r["id"] not in exclude][:limit]
+
+    def judge_backlog(self) -> dict[str, Any]:
+        """pending: turns in the judge's queue; since: when the oldest of them got its next state
+        (its next turn's time), None when none waits; judged: judgments written; last_at: when the
+        newest was written (None before any)."""
+        return self.query_one(
+            "SELECT COUNT(*) AS pending, MIN(COALESCE(nx.created_at, u.created_at)) AS since, "
+            "(SELECT COUNT(*) FROM judgments) AS judged, (SELECT MAX(created_at) FROM judgments) AS last_at "
+            f"FROM ({_UNJUDGED}) u LEFT JOIN turns nx ON nx.id = u.next_turn_id"
+        )
+
+    def record_judgment(self, turn_id: int, *, score: int, hint: str | None, voter: str,
+                        votes: list[dict[str, Any]]) -> bool:
+        """One transaction: the votes (raw, score, hint, error) and the judgment, unless already judged (False)."""
+        now = time.time()
+        with self.transaction() as conn:
+            if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
+                return False
+            # Votes without a judgment can only come from an older writer; this one replaces them.
+            conn.execute("DELETE FROM votes WHERE turn_id=?", (turn_id,))
+            conn.executemany(
+                "INSERT INTO votes (turn_id, idx, voter, raw, score, hint, error, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(turn_id, i, voter, v["raw"], v["score"], v["hint"], v["error"], now)
+                 for i, v in enumerate(votes)],
+            )
+            conn.execute(
+                "INSERT INTO judgments (turn_id, score, hint, voter, created_at) VALUES (?, ?, ?, ?, ?)",
+                (turn_id, score, hint, voter, now),
+            )
+        return True
+
+    def add_judgment(self, turn_id: int, score: int, hint: str | None, voter: str) -> None:
+        """A judgment from outside the judge (the simulator's oracle); a turn already judged keeps its own."""
+        self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
+                                  "created_at": time.time()}, or_ignore=True)
+
+    def judgment_counts(self) -> dict[int, int]:
+        """Judged turns by majority score."""
+        return {r["score"]: r["n"] for r in self.query("SELECT score, COUNT(*) AS n FROM judgments GROUP BY score")}
+
+    def votes_of(self, turn_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+        """turn id -> its votes (idx, voter, score, hint, error), in order."""
+        out: dict[int, list[dict[str, Any]]] = {t: [] for t in turn_ids}
+        for r in self.query(
+            f"SELECT turn_id, idx, voter, score, hint, error FROM votes WHERE turn_id IN "
+            f"({', '.join('?' * len(turn_ids))}) ORDER BY turn_id, idx",
+            turn_ids,
+        ):
+            out[r["turn_id"]].append(r)
+        return out
+
+    def vote_counts(self, after_id: int = 0) -> list[dict[str, Any]]:
+        """Votes with an id above ``after_id`` counted by voter and score (None: a failed vote):
+        voter, score, n, last_id (the highest id in the group). Ids only grow: counts add up."""
+        return self.query(
+            "SELECT voter, score, COUNT(*) AS n, MAX(id) AS last_id FROM votes WHERE id > ? GROUP BY voter, score",
+            (after_id,),
+        )
+
+    def vote_count(self) -> int:
+        return self.query_one("SELECT COUNT(*) AS n FROM votes")["n"]

@@ -1,0 +1,120 @@
+"""Read-only views: what `clawproxy stats`, the dashboard (clawproxy/proxy/ui, on a
+``Store.reader`` connection) and the simulator's accounting show. Nothing here writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from clawproxy.store.core import Core
+
+
+class Views(Core):
+    def samples_trained_per_version(self) -> dict[int, int]:
+        """Published version -> turns trained into it."""
+        rows = self.query(
+            "SELECT s.new_version AS v, COUNT(ts.turn_id) AS n FROM train_steps s "
+            "JOIN trained_samples ts ON ts.step_id = s.id WHERE s.status='published' GROUP BY s.new_version"
+        )
+        return {r["v"]: r["n"] for r in rows}
+
+    def served_turns_per_version(self) -> list[dict[str, Any]]:
+        """Per weight version that served main turns: v, n (turns), judged, mean (score)."""
+        return self.query(
+            "SELECT t.weight_version AS v, COUNT(*) AS n, COUNT(j.turn_id) AS judged, AVG(j.score) AS mean "
+            "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY t.weight_version"
+        )
+
+    def steps_per_base_version(self) -> list[dict[str, Any]]:
+        """Train steps counted by the version they started from and their status: v, status, n."""
+        return self.query(
+            "SELECT base_version AS v, status, COUNT(*) AS n FROM train_steps GROUP BY base_version, status"
+        )
+
+    def gate_failed_steps(self) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT id, base_version, created_at, metrics FROM train_steps WHERE status='gate_failed' ORDER BY id"
+        )
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        """Events of one kind (ts, data), oldest first."""
+        return self.query("SELECT ts, data FROM events WHERE kind=? ORDER BY id", (kind,))
+
+    def last_step_losses(self) -> dict[str, Any] | None:
+        """The newest train step's loss and kl (None where not recorded), or None before any step."""
+        return self.query_one(
+            "SELECT json_extract(metrics, '$.loss') AS loss, json_extract(metrics, '$.kl') AS kl "
+            "FROM train_steps ORDER BY id DESC LIMIT 1"
+        )
+
+    def reload_durations(self) -> list[float]:
+        """Seconds each published step's checkpoint took to reach the engine (metrics.reload_s)."""
+        rows = self.query(
+            "SELECT json_extract(metrics, '$.reload_s') AS s FROM train_steps "
+            "WHERE status = 'published' AND json_extract(metrics, '$.reload_s') IS NOT NULL"
+        )
+        return [float(r["s"]) for r in rows]
+
+    def main_turns_scored(self, session_prefix: str) -> list[dict[str, Any]]:
+        """Main turns of the sessions whose id starts with ``session_prefix``, by id: id, turn_index,
+        trainable, reason, next_state and the judge's score (None when not judged)."""
+        return self.query(
+            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, j.score FROM turns t "
+            "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id LIKE ? AND t.kind='main' "
+            "ORDER BY t.id",
+            (session_prefix + "%",),
+        )
+
+    def turns_and_sessions_since(self, since: float) -> dict[str, int]:
+        """Turns recorded since ``since`` and the sessions they belong to."""
+        return self.query_one(
+            "SELECT COUNT(*) AS turns, COUNT(DISTINCT session_id) AS sessions FROM turns WHERE created_at >= ?",
+            (since,),
+        )
+
+    def last_event(self, kinds: Iterable[str]) -> dict[str, Any] | None:
+        """The newest event of one of ``kinds``: id, ts, kind, data."""
+        kinds = list(kinds)
+        return self.query_one(
+            f"SELECT id, ts, kind, data FROM events WHERE kind IN ({', '.join('?' * len(kinds))}) "
+            "ORDER BY id DESC LIMIT 1",
+            kinds,
+        )
+
+    def steps_with_samples(self) -> list[dict[str, Any]]:
+        """Every train step, oldest first: id, created_at, method, status, base/new version, metrics,
+        and ``samples``, the turns it trained on."""
+        return self.query(
+            "SELECT s.id, s.created_at, s.method, s.status, s.base_version, s.new_version, s.metrics, "
+            "(SELECT COUNT(*) FROM trained_samples ts WHERE ts.step_id = s.id) AS samples "
+            "FROM train_steps s ORDER BY s.id"
+        )
+
+    def last_step(self) -> dict[str, Any] | None:
+        """The newest train step: id, created_at, status, base_version, new_version, metrics."""
+        return self.query_one("SELECT id, created_at, status, base_version, new_version, metrics FROM train_steps "
+                              "ORDER BY id DESC LIMIT 1")
+
+    def mean_score_over_time(self, bucket_s: float) -> list[dict[str, Any]]:
+        """Mean judge score of main turns per ``bucket_s`` of their recording time: t (bucket start), mean, n."""
+        return self.query(
+            "SELECT CAST(t.created_at / ? AS INTEGER) * ? AS t, AVG(j.score) AS mean, COUNT(*) AS n "
+            "FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY 1 ORDER BY 1",
+            (bucket_s, bucket_s),
+        )
+
+    def turns_after(self, after_id: int, limit: int) -> list[dict[str, Any]]:
+        """The newest turns recorded after ``after_id`` (at most ``limit``), newest first, in brief:
+        id, session_id, created_at, kind, status, trainable, reason, judge score."""
+        return self.query(
+            "SELECT t.id, t.session_id, t.created_at, t.kind, t.status, t.trainable, t.reason, j.score "
+            "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.id > ? ORDER BY t.id DESC LIMIT ?",
+            (after_id, limit),
+        )
+
+    def last_ids(self) -> dict[str, int]:
+        """The newest turn, train step and judgment ids (0 when none): what changed since a poll."""
+        return self.query_one(
+            "SELECT COALESCE((SELECT MAX(id) FROM turns), 0) AS turn, COALESCE((SELECT MAX(id) FROM train_steps), 0) AS step, "
+            "(SELECT COUNT(*) FROM judgments) AS judged, COALESCE((SELECT MAX(id) FROM events), 0) AS event"
+        )
