@@ -122,7 +122,7 @@ class StoreView:
 
     def published(self) -> tuple[int, str | None]:
         """The newest published version and its kind ('lora', 'full'; None: the base model)."""
-        row = self.store.published_checkpoint()
+        row = self.store.serving_checkpoint()
         return (int(row["version"]), str(row["kind"])) if row else (0, None)
 
     def _turn_rows(self, interactions: list[Interaction]) -> list[tuple[Interaction, dict[str, Any]]]:
