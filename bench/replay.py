@@ -177,11 +177,11 @@ def main(argv: list[str] | None = None) -> dict:
         train_s = time.perf_counter() - t0
         held = list(HELDOUT_PROMPTS)
         extra = list(TRAIN_PROMPTS[: args.extra])
-        answers = greedy_answers(trainer.model, trainer.tokenizer, held + extra, args.max_tokens)
+        answers = greedy_answers(trainer.policy.model, trainer.policy.tokenizer, held + extra, args.max_tokens)
         sampled = []
         if args.sampled:
             prompts = recorded_prompts(run_dir / "clawproxy.db", args.sampled)
-            sampled = sampled_answers(trainer.model, trainer.tokenizer, prompts, args.sampled_tokens,
+            sampled = sampled_answers(trainer.policy.model, trainer.policy.tokenizer, prompts, args.sampled_tokens,
                                       args.temperature)
     graded = score_answers(held, answers[: len(held)], check)
     n = len(held)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     if sampled:
         from clawproxy.degenerate import ids_loop
 
-        texts = [trainer.tokenizer.decode(c, skip_special_tokens=True) for c, _ in sampled]
+        texts = [trainer.policy.tokenizer.decode(c, skip_special_tokens=True) for c, _ in sampled]
         result["sampled"] = {
             "n": len(sampled), "max_tokens": args.sampled_tokens, "temperature": args.temperature,
             "cut_off_share": sum(not ended for _, ended in sampled) / len(sampled),
