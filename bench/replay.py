@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from clawproxy.config import load_config
-    from clawproxy.degenerate import degeneracy
+    from clawproxy.degenerate import answer_flaw
     from clawproxy.simulate.measure import score_answers
     from clawproxy.simulate.personas import PREFERENCES
     from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
         "degenerate_share": sum(g.degenerate is not None for g in graded) / n,
         "mean_words": sum(g.words for g in graded) / n,
         # over held-out + extra answers: 3x the answers, a steadier figure
-        "degenerate_share_all": sum(degeneracy(a) is not None for a in answers) / len(answers),
+        "degenerate_share_all": sum(answer_flaw(a) is not None for a in answers) / len(answers),
         "preference_rate_all": sum(bool(check(a)) for a in answers) / len(answers),
         "train_s": round(train_s, 1),
         "answers": dict(zip(held + extra, answers, strict=True)),

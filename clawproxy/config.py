@@ -21,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from clawproxy.errors import ConfigError
 from clawproxy.fields import STRICT, setting
+from clawproxy.httpjson import strip_v1
 from judge.config import JudgeConfig
 from trainer.config import TrainerConfig
 
@@ -310,12 +311,6 @@ class Config:
         if self.proxy.upstream is not None:
             return self.proxy.upstream
         return f"http://{self.engine.host}:{self.engine.port}"
-
-
-def strip_v1(url: str) -> str:
-    """An OpenAI-compatible base URL without a trailing slash or ``/v1``: routes add their own."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 _ADAPTER = TypeAdapter(Config)

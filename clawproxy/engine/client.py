@@ -50,7 +50,7 @@ import itertools
 from typing import Any, Literal
 
 from clawproxy.errors import EngineError
-from clawproxy.httpjson import request_json
+from clawproxy.httpjson import request_json, strip_v1
 
 PauseMode = Literal["keep", "wait", "abort"]
 MIN_VLLM = (0, 16, 0)
@@ -86,10 +86,7 @@ class EngineClient:
     ) -> None:
         if kind not in ("embedded", "vllm"):
             raise ValueError(f"kind={kind!r}: use 'embedded' or 'vllm'")
-        url = base_url.rstrip("/")
-        if url.endswith("/v1"):
-            url = url[: -len("/v1")]
-        self.base_url = url
+        self.base_url = strip_v1(base_url)
         self.kind = kind
         self.token = token
         self.timeout = timeout
