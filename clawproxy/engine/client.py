@@ -122,10 +122,6 @@ class EngineClient:
             raise EngineError(f"GET /v1/models at {self.base_url}: no model listed ({err!r})", status=502) from None
         return card
 
-    def served_model(self) -> str:
-        """The first model id ``GET /v1/models`` lists (vLLM: the served model)."""
-        return str(self.served_model_card()["id"])
-
     def health(self) -> bool:
         """True when the engine answers ``GET /health`` with 200 (never raises)."""
         try:
