@@ -337,7 +337,7 @@ def _explain(err: ValidationError) -> str:
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "unexpected_keyword_argument":
             parent = _field_at(e["loc"][:-1])
-            cls = parent.default_factory if parent is not None else Config
+            cls: Any = parent.default_factory if parent is not None else Config  # a section's class
             valid = ", ".join(f.name for f in dataclasses.fields(cls))
             lines.append(f"unknown config key {key}; valid keys here: {valid}.")
             continue

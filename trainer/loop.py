@@ -299,20 +299,19 @@ def teacher_logps(policy: Policy, chunk: list[Sample], tokens: TokenBatch, metho
     has = torch.zeros(len(chunk), dtype=torch.bool, device=dev)
     if method == "rl":
         return t_logps, has
-    prompts = [teacher_prompt_ids(policy.tokenizer, s) for s in chunk]
-    idx = [i for i, p in enumerate(prompts) if p is not None]
-    if not idx:
+    hinted_prompts = {i: p for i, s in enumerate(chunk) if (p := teacher_prompt_ids(policy.tokenizer, s)) is not None}
+    if not hinted_prompts:
         if policy.accelerator.num_processes > 1:
             # FSDP all-gathers in every forward: every process must run the same passes, so a
             # micro-batch without hints still runs (and discards) one teacher pass
             with torch.no_grad(), policy.teacher.teacher_model(policy.no_sync_model()) as teacher:
                 completion_logps(teacher, tokens)
         return t_logps, has
-    hinted = make_token_batch([prompts[i] for i in idx], [chunk[i].completion_ids for i in idx],
+    hinted = make_token_batch(list(hinted_prompts.values()), [chunk[i].completion_ids for i in hinted_prompts],
                               policy.tokenizer.pad_token_id, dev)
     with torch.no_grad(), policy.teacher.teacher_model(policy.no_sync_model()) as teacher:
         lp = completion_logps(teacher, hinted)
-    for row, i in enumerate(idx):
+    for row, i in enumerate(hinted_prompts):
         n = len(chunk[i].completion_ids)
         t_logps[i, :n] = lp[row, :n]
         has[i] = True
@@ -436,7 +435,7 @@ class Trainer:
                     on_wait(len(batch.samples))
                 time.sleep(self.tcfg.poll_interval_s)
                 continue
-            if not batch.engine_ok:  # publishing would fail: wait for the engine (the supervisor restarts it)
+            if not batch.engine_ok and self.engine is not None:  # publishing would fail: wait for it
                 if not follow:
                     raise EngineError(f"engine at {self.engine.base_url} is not answering /health")
                 log.warning("engine not healthy; waiting before training")
@@ -516,7 +515,7 @@ class Trainer:
             acc, lambda: self._publish(batch.samples, m, state_dict, t0, batch_ready))
         if status == "superseded":  # collect() loads the version now serving before the next step
             return StepResult(step_id, status, base, None, m.as_dict())
-        if status != "published":
+        if status != "published" or version is None:
             self._restore(self.current)
             return StepResult(step_id, status, base, None, m.as_dict())
         self.current = Version(version, self.ckpt_root / f"v{version}", "lora" if self.is_lora else "full")
