@@ -403,3 +403,28 @@ def test_a_sample_whose_teacher_prompt_is_too_long_is_skipped_with_its_reason(ri
     assert [s.turn_id for s in tr.collect().samples] == [plain]
     rows = store.query("SELECT turn_id, reason FROM skipped_samples")
     assert rows == [{"turn_id": hinted, "reason": "teacher_too_long"}]
+
+
+def test_step_metrics_are_summed_over_processes_in_one_collective():
+    """Under data parallel each process sums its micro-batches; one all-reduce adds the sums, and
+    what is not a sum (the batch's size, the learning rate) is left alone."""
+    from trainer.loop import StepMetrics
+
+    class TwoRanks:  # the piece of accelerate.Accelerator that StepMetrics.reduce uses
+        num_processes, device, calls = 2, "cpu", 0
+
+        def reduce(self, tensor, reduction):
+            assert reduction == "sum"
+            self.calls += 1
+            return tensor * 2  # the other rank holds the same sums
+
+    m = StepMetrics(loss=0.5, tokens=40, completion_tokens=10, clip_sum=1.0, opd_tokens=4, opd_gap_sum=2.0,
+                    samples=3, lr=0.1, kinds={"rl": 3})
+    acc = TwoRanks()
+    m.reduce(acc)
+    assert acc.calls == 1
+    d = m.as_dict()
+    assert (d["loss"], d["tokens"], d["completion_tokens"]) == (1.0, 80, 20)
+    assert d["clip_frac"] == pytest.approx(0.1) and d["opd_gap_mean"] == pytest.approx(0.5)
+    assert (d["samples"], d["lr"], d["kinds"]) == (3, 0.1, {"rl": 3})
+    assert "gate" not in d and "save_s" not in d  # set by the gate and the publish, not yet here
