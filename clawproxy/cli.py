@@ -1,7 +1,7 @@
 """The `clawproxy` command line: nouns for groups, verbs for commands (`clawproxy sessions list`).
 
-Each component keeps its commands beside it (sessions_cli.py, judge/cli.py, trainer/cli.py,
-simulate/cli.py); they share options through ``clawproxy.cli_options`` and are attached here, the
+Each component keeps its commands beside it (sessions_cli.py, openclaw_cli.py, judge/cli.py,
+trainer/cli.py, simulate/cli.py); they share options through ``clawproxy.cli_options`` and are attached here, the
 one module that imports them all. A ``ClawproxyError`` from any command becomes a one-line message
 here, in the root group. Heavy parts (torch, the engine, the trainer) load inside the commands.
 """
@@ -13,7 +13,8 @@ import click
 from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options
 from clawproxy.errors import ClawproxyError
 from clawproxy.models_cli import models
-from clawproxy.sessions_cli import openclaw_config, sessions
+from clawproxy.openclaw_cli import openclaw_config
+from clawproxy.sessions_cli import sessions
 from clawproxy.simulate.cli import simulate
 from judge.cli import judge
 from trainer.cli import rollback, stats, train

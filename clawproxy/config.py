@@ -21,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from clawproxy.errors import ConfigError
 from clawproxy.fields import STRICT, setting
+from clawproxy.httpjson import strip_v1
 from judge.config import JudgeConfig
 from trainer.config import TrainerConfig
 
@@ -312,12 +313,6 @@ class Config:
         return f"http://{self.engine.host}:{self.engine.port}"
 
 
-def strip_v1(url: str) -> str:
-    """An OpenAI-compatible base URL without a trailing slash or ``/v1``: routes add their own."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 _ADAPTER = TypeAdapter(Config)
 
 
@@ -342,7 +337,7 @@ def _explain(err: ValidationError) -> str:
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "unexpected_keyword_argument":
             parent = _field_at(e["loc"][:-1])
-            cls = parent.default_factory if parent is not None else Config
+            cls: Any = parent.default_factory if parent is not None else Config  # a section's class
             valid = ", ".join(f.name for f in dataclasses.fields(cls))
             lines.append(f"unknown config key {key}; valid keys here: {valid}.")
             continue

@@ -1,17 +1,19 @@
-"""What a degenerate generation is: one module for the recorder, the trainer, the gate and the simulator.
+"""Looping and broken generations: one module for the recorder, the trainer, the gate and the simulator.
 
-A degenerate generation loops. The measures are shared (``gram_share``, the run and window checks);
-two strictness levels use them, because the two questions differ and each caller's verdicts (and
-the benchmark figures built on them) stay as they were:
+The measures are shared (``gram_share``, the run and window checks). Four questions use them, each
+with its own thresholds because each asks something different, and each named for what it asks;
+only the first is called "degenerate":
 
 - ``is_degenerate(text)``: a loop bad enough that training on it blows up gradient norms. The
-  recorder (``clawproxy/proxy/sessions.py``) marks such a turn ``degenerate``; the publish gate
-  asks it of a canary answer's text (``output_degenerate``).
-- ``degeneracy(text)``: why an answer is not one a person would accept (empty, a word or two,
-  symbols, a word repeated, a phrase looped, too few distinct words), or None. The simulator
-  (``clawproxy/simulate``) grades answers with it.
-- ``ids_loop(ids)``: a loop in token ids, for the trainer's batch filter (``trainer/batch.py``) on
-  the recorded completion ids, and for the gate.
+  recorder (``clawproxy/proxy/sessions.py``) marks such a turn ``degenerate``.
+- ``ids_loop(ids)``: a loop in token ids. The trainer's batch filter (``trainer/batch.py``) asks it
+  of the recorded completion ids, which the text check never sees (its skip reason is also
+  ``degenerate``).
+- ``canary_broken(ids, stop_ids, decode)``: the publish gate's question about a greedy canary
+  answer: empty, a handful of tokens over and over, ``ids_loop``, or ``is_degenerate`` text.
+- ``answer_flaw(text)``: why a person would not accept an answer (empty, a word or two, symbols,
+  a word repeated, a phrase looped, too few distinct words), or None. Stricter than
+  ``is_degenerate``: the simulator (``clawproxy/simulate``) grades answers with it.
 
 Pure Python, no torch: the proxy imports it.
 """
@@ -55,7 +57,7 @@ def is_degenerate(text: str) -> bool:
     return (len(ws) >= 40 and gram_share(ws) < 0.3) or _chars_loop(text)
 
 
-def degeneracy(text: str) -> str | None:
+def answer_flaw(text: str) -> str | None:
     """Why ``text`` is not a real answer, or None when it reads like language.
 
     Catches what small models do when pushed too hard: empty output, a phrase looped over and over,
@@ -104,8 +106,8 @@ def ids_loop(ids: list[int]) -> bool:
     return n >= 64 and gram_share(ids) < 0.2
 
 
-def output_degenerate(ids: list[int], stop_ids: Collection[int], decode: Callable[[list[int]], str] | None = None) -> bool:
-    """A generated answer (ids, stop tokens included) is degenerate: nothing, a handful of tokens
+def canary_broken(ids: list[int], stop_ids: Collection[int], decode: Callable[[list[int]], str] | None = None) -> bool:
+    """A generated answer (ids, stop tokens included) is broken: nothing, a handful of tokens
     over and over, a loop of ids, or, with ``decode``, text that loops with small variations that
     exact-id repeats miss."""
     text_ids = [t for t in ids if t not in stop_ids]

@@ -21,6 +21,11 @@ from clawproxy.errors import ClawproxyError, UpstreamError
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+def strip_v1(url: str) -> str:
+    """An OpenAI-compatible base URL without a trailing slash or ``/v1``: routes add their own."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 def open_url(method: str, url: str, body: Any = None, *, token: str | None = None, timeout: float = 30.0,
              query: dict[str, str] | None = None, error: type[ClawproxyError] = UpstreamError) -> HTTPResponse:
     """Send one request with a JSON ``body`` (None: no body); the open response, to read or

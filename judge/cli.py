@@ -84,7 +84,7 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
 
     from judge.eval.dataset import load_cases
     from judge.eval.evaluate import evaluate, render
-    from judge.voters import build_voter
+    from judge.voters import Voter, build_voter
 
     cfg = build_config(config_path, data_dir, **{"judge.votes": votes, "judge.llm_url": llm_url,
                                                      "judge.llm_model": llm_model})
@@ -101,7 +101,7 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
         if name == "llm" and local_model:
             from judge.eval.local_llm import LocalLLMVoter
 
-            voter = LocalLLMVoter(local_model, cfg.data_path, cfg.judge.temperature,
+            voter: Voter = LocalLLMVoter(local_model, cfg.data_path, cfg.judge.temperature,
                                   max_tokens=cfg.judge.llm_max_tokens)
         else:
             voter = build_voter(cfg, name)

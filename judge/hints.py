@@ -77,11 +77,8 @@ def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
         return None
     said = _quote(corrective_part(text, inp.request))
     if c.redo or c.correction:
-        # The user's own words, unframed. Measured on the 135M default with the 8 held-out prompts
-        # (greedy): "[User's hint: Too long. Keep it under 40 words please.]" brings answers from
-        # 118 to 72 words; wrapped as "The user asked for a different version: '...'. Write the
-        # response that way." only to 84, and the teacher starts with "Here's a revised version:",
-        # which OPD would then teach the policy to say.
+        # unframed: a small teacher follows the user's words best, and a framed quote makes it open
+        # with "Here's a revised version:", which OPD would teach the policy (bench/results/README.md)
         return said
     if c.overlap >= 0.5:
         return f"The user had to repeat the request: '{said}'. Answer exactly that, directly."

@@ -81,7 +81,6 @@ POSITIVE = _rx(
     r"\byes!",
     r"\bgood\b",
     r"\bhelped\b",
-    r"\blove it\b",
     r"\bTIL\b",
     r"\binteresting\b",
     "👍",
@@ -136,15 +135,13 @@ REDO = _rx(
     r"\btoo (?:long|short|stiff|formal|casual|vague|wordy|verbose|much|cold|complicated)\b",
     r"\bway (?:too|more)\b",
     r"\bsimpler\b",
-    r"\bmore (?:formal|casual|detail|concise|professional|polite|specific)\b",
+    r"\bmore (?:formal|casual|detail|polite|specific)\b",
     r"\bless (?:formal|boring|corporate|wordy)\b",
     r"\bbrief(?:ly)?\b",
     r"\bconcise\b",
     r"\bcondense\b",
     r"\bredo\b",
-    r"\btry again\b",
     r"\b(?:try|do it|write it|say it|once) again\b",
-    r"\brewrite\b",
     r"\bre-?write\b",
     r"\btl;?dr\b",
     r"\bplain english\b",
@@ -156,7 +153,6 @@ REDO = _rx(
     r"\bjust the\b",
     r"\bonly the\b",
     r"^\s*only\b",
-    r"\bover the (?:\w+ )?limit\b",
     r"\blimit\b",
     r"\bmore than \d+ words\b",
     r"\bunder \d+ words\b",
@@ -199,7 +195,7 @@ COMPLAINT = _rx(
 CONTRAST = _rx("contrast", r"\bbut\b", r"\bhowever\b", r"\bthough\b", r"\bexcept\b")
 MOVE_ON = _rx(
     "move_on",
-    r"^\s*(?:and|also|now|next|ok(?:ay)?,? (?:and|now|next)|cool\.?|great\.?|good\.?)\b",
+    r"^\s*(?:and|now|ok(?:ay)?,? (?:and|now|next)|cool\.?|great\.?|good\.?)\b",
     r"\bnow (?:do|write|run|make|add|the)\b",
     r"\bwhat about\b",
     r"\bhow about\b",
@@ -219,7 +215,6 @@ TOOL_ERROR = _rx(
     r"\berror:",
     r"\bERR!",
     r"\bexit(?:ed)? (?:with )?code [1-9]\d*",
-    r"\(exit code [1-9]",
     r"\bnot found\b",
     r"\bno such (?:file|container|directory|host)\b",
     r"\btraceback \(most recent",
@@ -228,7 +223,6 @@ TOOL_ERROR = _rx(
     r"\baccess denied\b",
     r"\bENOENT\b",
     r"\bEACCES\b",
-    r"\bcommand not found\b",
     r"^\s*fatal:",
     r"(?<!\b0 )\bfailed\b",
     r"\btimed out\b",
@@ -289,41 +283,25 @@ class Cues:
     def negative(self) -> int:
         return self.correction + self.redo + self.complaint
 
+    def features(self) -> dict[str, float]:
+        """Features for the embedding voter's head, by name (bounded, so no cue dominates by count)."""
+        return {
+            "praise": min(self.praise, 2) / 2,
+            "positive": min(self.positive, 2) / 2,
+            "correction": min(self.correction, 2) / 2,
+            "redo": min(self.redo, 2) / 2,
+            "complaint": min(self.complaint, 2) / 2,
+            "contrast": float(self.contrast > 0),
+            "move_on": float(self.move_on > 0),
+            "bare_ack": float(self.bare_ack),
+            "emoji_only": float(self.emoji_only),
+            "question": float(self.question),
+            "log_words": min(float(np.log1p(self.words)) / 4, 1.0),
+            "overlap": self.overlap,
+        }
+
     def vector(self) -> np.ndarray:
-        """Features for the embedding voter's head (bounded, so no cue dominates by count)."""
-        return np.array(
-            [
-                min(self.praise, 2) / 2,
-                min(self.positive, 2) / 2,
-                min(self.correction, 2) / 2,
-                min(self.redo, 2) / 2,
-                min(self.complaint, 2) / 2,
-                float(self.contrast > 0),
-                float(self.move_on > 0),
-                float(self.bare_ack),
-                float(self.emoji_only),
-                float(self.question),
-                min(np.log1p(self.words) / 4, 1.0),
-                self.overlap,
-            ],
-            dtype=np.float32,
-        )
-
-
-CUE_NAMES = [
-    "praise",
-    "positive",
-    "correction",
-    "redo",
-    "complaint",
-    "contrast",
-    "move_on",
-    "bare_ack",
-    "emoji_only",
-    "question",
-    "log_words",
-    "overlap",
-]
+        return np.array(list(self.features().values()), dtype=np.float32)
 
 
 def cues(next_text: str, request: str = "") -> Cues:
@@ -358,3 +336,6 @@ def lexical_score(c: Cues) -> int:
     if c.move_on:
         return 1
     return 0
+
+
+CUE_NAMES = list(cues("").features())  # the head's column names, in vector() order

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from clawproxy.config import strip_v1
 from clawproxy.errors import UpstreamError
-from clawproxy.httpjson import request_json
+from clawproxy.httpjson import request_json, strip_v1
 from judge.extract import JudgeInput
 from judge.hints import feedback_hint
 from judge.lexical import cues, lexical_score, tool_failed

@@ -29,9 +29,11 @@ def test_one_way_to_get_a_test_port():
 
 def test_one_engine_url_default_and_v1_strip():
     assert where(r'f"http://\{cfg\.engine\.host\}:\{cfg\.engine\.port\}"') == []
-    assert where(r'endswith\("/v1"\)') and all(
-        p in ("clawproxy/config.py", "clawproxy/engine/client.py", "clawproxy/simulate/driver.py")
-        for p in where(r'endswith\("/v1"\)'))
+    # every OpenAI base URL goes through httpjson.strip_v1; a client that appends to the URL it was
+    # given ("/chat/completions" after a base that must end in /v1) is a copy too
+    v1 = r'(endswith|removesuffix)\("/v1"\)|len\("/v1"\)|rstrip\("/"\) \+ "/(chat|completions|models)'
+    assert product(where(v1)) == ["clawproxy/httpjson.py"]
+    assert where(r"def \w*strip_v1\(|def v1\(") == ["clawproxy/httpjson.py"]
 
 
 def test_one_config_loader_for_the_commands():
@@ -46,8 +48,12 @@ def test_no_lab_notebook_options():
 
 
 def test_one_definition_of_degenerate():
-    # the recorder, the trainer, the gate and the simulator all ask clawproxy/degenerate.py
-    assert where(r"def (?!test_)\w*degenera\w*\(|def \w*loops?\((text|ids)") == ["clawproxy/degenerate.py"]
+    # the recorder, the trainer, the gate and the simulator all ask clawproxy/degenerate.py; one of
+    # its questions is "degenerate", the others are named for what they ask (its docstring)
+    named = r"def (?!test_)\w*degenera\w*\(|def \w*loops?\((text|ids)|def \w*_(broken|flaw)\("
+    assert where(named) == ["clawproxy/degenerate.py"]
+    src = (ROOT / "clawproxy" / "degenerate.py").read_text()
+    assert re.findall(r"def (\w*degenera\w*)\(", src) == ["is_degenerate"]
     assert where(r"\[i : i \+ 3\]\) for i in range") == ["clawproxy/degenerate.py"]  # one 3-gram measure
 
 

@@ -96,7 +96,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
 
         engine = _engine(cfg, engine_url, store)
         trainer = Trainer(cfg, store, engine)
-        if not trainer.accelerator.is_main_process:  # under accelerate launch: one process talks
+        if not trainer.policy.accelerator.is_main_process:  # under accelerate launch: one process talks
             console.quiet = True
         console.print(f"training {cfg.trainer.method} ({cfg.trainer.finetune}) from v{trainer.current.version}")
         results = trainer.run(follow=follow, steps=steps,

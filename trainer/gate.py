@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from clawproxy.degenerate import output_degenerate
+from clawproxy.degenerate import canary_broken
 from trainer.config import TrainerConfig
 
 
@@ -99,7 +99,7 @@ def canary_reference(
                     break
             outputs.append(gen_ids)
             logprobs.append(_continuation_logprobs(model, prompt, gen_ids, device))
-            degenerate.append(output_degenerate(
+            degenerate.append(canary_broken(
                 gen_ids, eos, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)))
     finally:
         model.train(was_training)

@@ -118,8 +118,8 @@ def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path, 
                 raise ConfigError(f"v{version.version} is a full checkpoint; a LoRA policy cannot load it.")
             from peft import set_peft_model_state_dict
 
-            state = load_file(str(Path(version.path) / "adapter_model.safetensors"))
-            result = set_peft_model_state_dict(model, state)
+            adapter = load_file(str(Path(version.path) / "adapter_model.safetensors"))
+            result = set_peft_model_state_dict(model, adapter)
             unexpected = getattr(result, "unexpected_keys", [])
             if unexpected:
                 raise ConfigError(f"adapter v{version.version} does not fit this LoRA config: {unexpected[:3]}")

@@ -50,7 +50,7 @@ import itertools
 from typing import Any, Literal
 
 from clawproxy.errors import EngineError
-from clawproxy.httpjson import request_json
+from clawproxy.httpjson import request_json, strip_v1
 
 PauseMode = Literal["keep", "wait", "abort"]
 MIN_VLLM = (0, 16, 0)
@@ -86,10 +86,7 @@ class EngineClient:
     ) -> None:
         if kind not in ("embedded", "vllm"):
             raise ValueError(f"kind={kind!r}: use 'embedded' or 'vllm'")
-        url = base_url.rstrip("/")
-        if url.endswith("/v1"):
-            url = url[: -len("/v1")]
-        self.base_url = url
+        self.base_url = strip_v1(base_url)
         self.kind = kind
         self.token = token
         self.timeout = timeout
@@ -124,10 +121,6 @@ class EngineClient:
         except (TypeError, KeyError, IndexError) as err:
             raise EngineError(f"GET /v1/models at {self.base_url}: no model listed ({err!r})", status=502) from None
         return card
-
-    def served_model(self) -> str:
-        """The first model id ``GET /v1/models`` lists (vLLM: the served model)."""
-        return str(self.served_model_card()["id"])
 
     def health(self) -> bool:
         """True when the engine answers ``GET /health`` with 200 (never raises)."""

@@ -335,7 +335,6 @@ class Recorder:
             "quarantined": self.quarantined,
             "turns_lost": self.lost,
             "queue_overflow": self.overflow,
-            "dropped": self.lost,  # older name of turns_lost
             "store_ok": self.store_ok,
             "journal_ok": self._journal_fd is not None and not self._journal_failed,
             "last_error": self.last_error,

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from clawproxy.errors import ClawproxyError
+from clawproxy.httpjson import strip_v1
 from clawproxy.simulate.personas import ScriptedPersona
 from clawproxy.simulate.prompts import SYSTEM_PROMPT
 
@@ -32,12 +33,6 @@ CTX_MARKER = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 
 class SimulationError(ClawproxyError):
     """The simulated client could not complete a call (HTTP error, broken stream)."""
-
-
-def v1(url: str) -> str:
-    """``http://h:p`` or ``http://h:p/v1`` -> ``http://h:p/v1``."""
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
 
 
 @dataclass
@@ -136,7 +131,7 @@ class Driver:
     def __init__(self, settings: DriverSettings, http: aiohttp.ClientSession) -> None:
         self.s = settings
         self.http = http
-        self.url = v1(settings.base_url) + "/chat/completions"
+        self.url = strip_v1(settings.base_url) + "/v1/chat/completions"
         self.calls = 0
 
     def _headers(self, session_id: str) -> dict[str, str]:
@@ -206,7 +201,7 @@ async def answer_heldout(http: aiohttp.ClientSession, base_url: str, prompts: li
     ``via_proxy``: the URL is the proxy; each request has a session id of its own, so its turn never
     gets a next state and is never judged or trained on.
     """
-    url = v1(base_url) + "/chat/completions"
+    url = strip_v1(base_url) + "/v1/chat/completions"
     sid = f"sim-eval-{uuid.uuid4()}"
 
     async def one(i: int, prompt: str) -> Completion:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from clawproxy.degenerate import degeneracy, words
+from clawproxy.degenerate import answer_flaw, words
 from clawproxy.errors import ConfigError
 
 # Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
@@ -180,13 +180,13 @@ def load_feedback(path: str | Path | None = None) -> FeedbackBank:
         raise ConfigError(f"feedback file {path}: {where}: {first['msg']} (see {DEFAULT_FEEDBACK.name} for the format).") from e
 
 
-# degeneracy() reasons that read as broken to a person; a very short answer may be a fine answer.
+# answer_flaw() reasons that read as broken to a person; a very short answer may be a fine answer.
 _BROKEN = {"empty", "symbols", "repeated_word", "looping", "low_vocabulary"}
 
 
 def answer_problem(answer: str, finish_reason: str | None = None) -> str | None:
     """'degenerate' for a looping or empty answer, 'cut_off' for one the token limit cut off, else None."""
-    if degeneracy(answer) in _BROKEN:
+    if answer_flaw(answer) in _BROKEN:
         return "degenerate"
     if finish_reason == "length":
         return "cut_off"
@@ -281,7 +281,7 @@ class LLMPersona(ScriptedPersona):
     failures: int = 0
 
     def feedback(self, question: str, answer: str, met: bool, problem: str | None = None) -> str:
-        from clawproxy.httpjson import request_json
+        from clawproxy.httpjson import request_json, strip_v1
 
         verdict = "does" if met else "does NOT"
         broken = {"cut_off": " It was cut off before the end.",
@@ -301,7 +301,7 @@ class LLMPersona(ScriptedPersona):
             "temperature": self.temperature,
         }
         try:
-            out = request_json("POST", self.base_url.rstrip("/") + "/chat/completions", body,
+            out = request_json("POST", strip_v1(self.base_url) + "/v1/chat/completions", body,
                                token=self.api_key, timeout=60)
             text = out["choices"][0]["message"]["content"].strip()
         except Exception:  # endpoint down or malformed: the scripted reaction keeps the run going

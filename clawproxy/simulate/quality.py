@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from clawproxy.degenerate import degeneracy
+from clawproxy.degenerate import answer_flaw
 
 # Cosine similarity (all-MiniLM-L6-v2) between a prompt and its answer above which the answer is on
 # topic. Measured on the default model's greedy answers to 16 pool prompts (system prompt "You are a
@@ -66,6 +66,6 @@ def assess(prompts: list[str], answers: list[str], on_topic_min: float = ON_TOPI
     """Judge many answers at once (one embedding batch)."""
     sims = Embedder.similarities(prompts, [a if a.strip() else "." for a in answers])
     return [
-        AnswerQuality(degenerate=degeneracy(ans), similarity=s, on_topic=s >= on_topic_min)
+        AnswerQuality(degenerate=answer_flaw(ans), similarity=s, on_topic=s >= on_topic_min)
         for ans, s in zip(answers, sims, strict=True)
     ]

@@ -88,12 +88,12 @@ def evaluate(voter: Voter, cases: list[Case], m: int, split: str, progress: Any 
     """Run m votes per case and the majority; ``progress(n)`` is called after each case."""
     report = Report(voter=voter.name, split=split, m=m)
     t0 = time.perf_counter()
-    feats = voter.precompute([c.inp for c in cases]) if isinstance(voter, EmbeddingVoter) else None
+    embedding = voter if isinstance(voter, EmbeddingVoter) else None  # votes from precomputed features
+    feats = embedding.precompute([c.inp for c in cases]) if embedding is not None else None
     for i, case in enumerate(cases):
         try:
-            if feats is not None:
-                votes = [voter.vote_from_features(case.inp, feats[i], idx)  # type: ignore[union-attr]
-                         for idx in range(m)]
+            if embedding is not None and feats is not None:
+                votes = [embedding.vote_from_features(case.inp, feats[i], idx) for idx in range(m)]
             else:
                 votes = cast(voter, case.inp, m)
         except Exception as e:  # a voter bug counts as failed votes, as in the worker

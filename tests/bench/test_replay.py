@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from clawproxy.degenerate import degeneracy
+from clawproxy.degenerate import answer_flaw
 from clawproxy.simulate.personas import PREFERENCES
 from clawproxy.simulate.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
 from clawproxy.store import Store
@@ -37,7 +37,7 @@ def test_replay_trains_a_copy_and_grades_greedy_answers(tmp_path, tiny_model_dir
     answers = list(result["answers"].values())  # 8 held-out prompts + 1 train prompt
     assert list(result["answers"]) == [*HELDOUT_PROMPTS, TRAIN_PROMPTS[0]]
     # the figures are the answers' own: shares over the 9 listed answers, by the persona's check
-    assert result["degenerate_share_all"] == sum(degeneracy(a) is not None for a in answers) / 9
+    assert result["degenerate_share_all"] == sum(answer_flaw(a) is not None for a in answers) / 9
     assert result["preference_rate_all"] == sum(PREFERENCES["concise"].check(a) for a in answers) / 9
     sampled = result["sampled"]  # the first 3 recorded prompts, sampled again from the trained weights
     assert sampled["n"] == 3 and len(sampled["answers"]) == 3 and sampled["max_tokens"] == 4

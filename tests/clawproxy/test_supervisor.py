@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -42,16 +43,22 @@ def wait_until(what: str, check, timeout: float = 60.0) -> None:
 
 
 def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
+    """Poll ``url`` until it answers ``want``. Only "not up yet" is retried (refused, reset, timed
+    out, another status); anything else is a bug in the test or the server and raises at once."""
     deadline = time.monotonic() + timeout
+    last: object = None
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == want:
-                    return
-        except Exception:
-            pass
+                last = r.status
+        except urllib.error.HTTPError as e:
+            last = e.code
+        except OSError as e:  # URLError, ConnectionError, TimeoutError: not listening yet
+            last = e
+        if last == want:
+            return
         time.sleep(0.3)
-    raise AssertionError(f"{url} not ready in {timeout} s")
+    raise AssertionError(f"{url} not ready in {timeout} s (last: {last!r})")
 
 
 @pytest.fixture

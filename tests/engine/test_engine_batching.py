@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,11 +77,16 @@ class Run:
         return [lp for ev in self.events for lp in ev.logprobs]
 
 
+def until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.01)
+
+
 def idle(engine: Engine) -> None:
     """Wait until the worker has retired every row (it caches a row's KV after its last event)."""
-    done = threading.Event()
-    while engine.load()["running"] and not done.wait(0.01):
-        pass
+    until(lambda: not engine.load()["running"], "the engine retires every row")
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -109,8 +116,7 @@ def test_a_running_stream_keeps_decoding_while_a_long_prompt_prefills(tiny, make
     log: list = []
     short = Run(engine, render(tokenizer, [{"role": "user", "content": "Count to fifty."}]), log,
                 max_tokens=200, ignore_eos=True)
-    while not short.events:
-        threading.Event().wait(0.01)
+    until(lambda: short.events, "the running stream's first token")
     long_ids = render(tokenizer, [openclaw["system"], openclaw["user"], openclaw["transient"]],
                       openclaw["tools"])
     assert len(long_ids) > 1000

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from clawproxy.degenerate import ids_loop, output_degenerate
+from clawproxy.degenerate import canary_broken, ids_loop
 from clawproxy.openclaw import CTX_MARKER
 from clawproxy.store import Store
 from tests.trainer.util import insert_turn
@@ -227,5 +227,5 @@ def test_gate_sees_a_sentence_looped_with_variations(default_model_dir):
              "book a place to stay early, and list two or three things you want to see. Pack light, "
              "leave room for rest, and keep a small budget for meals and surprises along the way.")
     ids = tok(loop, add_special_tokens=False)["input_ids"]
-    assert output_degenerate(ids, set(), tok.decode)
-    assert not output_degenerate(tok(prose, add_special_tokens=False)["input_ids"], set(), tok.decode)
+    assert canary_broken(ids, set(), tok.decode)
+    assert not canary_broken(tok(prose, add_special_tokens=False)["input_ids"], set(), tok.decode)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.checkpoints import current_version, rollback
 from trainer.cli import collect_stats
+from trainer.loop import learning_rate, score_baselines, train_step
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -98,7 +100,7 @@ def test_steps_publish_checkpoints_and_restart_trains_nothing_twice(rig, tiny_mo
     tr2 = _trainer(cfg, store)
     assert tr2.current.version == 2
     v2 = load_file(str(cfg.data_path / "checkpoints" / "v2" / "model.safetensors"))
-    torch.testing.assert_close(tr2.model.state_dict()["model.embed_tokens.weight"], v2["model.embed_tokens.weight"])
+    torch.testing.assert_close(tr2.policy.model.state_dict()["model.embed_tokens.weight"], v2["model.embed_tokens.weight"])
     assert tr2.run() == []
     more = _add(store, tiny_model_dir, 2, seed=1, version=2)
     assert [r.new_version for r in tr2.run()] == [3]
@@ -111,7 +113,7 @@ def test_poisoned_step_is_refused_and_nothing_published(rig, tiny_model_dir):
     _add(store, tiny_model_dir, 2)
     tr = _trainer(cfg, store)
     with torch.no_grad():  # a NaN in the weights makes the loss and gradients NaN
-        tr.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+        tr.policy.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
     (result,) = tr.run(steps=1)
     assert result.status == "gate_failed" and result.new_version is None
     assert {"loss_finite", "grad_finite", "weights_finite"} <= set(result.metrics["gate"]["failed"])
@@ -121,7 +123,7 @@ def test_poisoned_step_is_refused_and_nothing_published(rig, tiny_model_dir):
     ev = store.query("SELECT kind, data FROM events WHERE kind='gate_failed'")
     assert len(ev) == 1 and "weights_finite" in ev[0]["data"]["failed"]
     # back on the last published (base) weights, finite, and the next batch publishes
-    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    assert all(torch.isfinite(p).all() for p in tr.policy.model.parameters())
     assert result.metrics["lr"] == pytest.approx(1e-3)
     _add(store, tiny_model_dir, 2, seed=5)
     (ok,) = tr.run(steps=1)
@@ -141,7 +143,8 @@ def test_refusals_in_a_row_back_off_the_learning_rate_down_to_an_eighth(rig, tin
     results = tr.run(steps=5)
     assert [r.status for r in results] == ["gate_failed"] * 5
     assert [r.metrics["lr"] for r in results] == [1.0, 0.5, 0.25, 0.125, 0.125]
-    assert _trainer(cfg, store).step_learning_rate() == 0.125  # a restart keeps the backoff
+    assert learning_rate(store, cfg.trainer, 0) == 0.125  # read from the store: a restart keeps it
+    assert learning_rate(store, cfg.trainer, 1) == 1.0  # refusals from another version do not count
 
 
 def test_divergence_gate_refuses_a_huge_step(rig, tiny_model_dir):
@@ -159,7 +162,7 @@ def test_a_full_disk_keeps_the_samples_and_the_served_weights(rig, tiny_model_di
     cfg, store = rig()
     turns = _add(store, tiny_model_dir, 2)
     tr = _trainer(cfg, store)
-    before = tr.model.state_dict()["model.embed_tokens.weight"].clone()
+    before = tr.policy.model.state_dict()["model.embed_tokens.weight"].clone()
     real_save = Trainer._save
 
     def full_disk(self, tmp, state_dict):
@@ -172,7 +175,7 @@ def test_a_full_disk_keeps_the_samples_and_the_served_weights(rig, tiny_model_di
     assert not (cfg.data_path / "checkpoints").exists() or not list((cfg.data_path / "checkpoints").iterdir())
     assert store.query("SELECT * FROM trained_samples") == [] and store.query("SELECT * FROM checkpoints") == []
     assert store.query_one("SELECT kind FROM events WHERE kind='checkpoint_write_failed'")
-    torch.testing.assert_close(tr.model.state_dict()["model.embed_tokens.weight"], before)  # restored
+    torch.testing.assert_close(tr.policy.model.state_dict()["model.embed_tokens.weight"], before)  # restored
 
     monkeypatch.setattr(Trainer, "_save", real_save)  # space freed: the same samples train
     (ok,) = tr.run(steps=1)
@@ -184,10 +187,10 @@ def test_lora_trains_only_the_adapter_and_publishes_it(rig, tiny_model_dir):
     cfg, store = rig(finetune="lora", teacher="ema", learning_rate=1e-2)
     _add(store, tiny_model_dir, 4)
     tr = _trainer(cfg, store)
-    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()}
     results = tr.run()
     assert [r.status for r in results] == ["published", "published"]
-    after = dict(tr.model.named_parameters())
+    after = dict(tr.policy.model.named_parameters())
     moved = {n for n in before if not torch.equal(before[n], after[n])}
     assert moved and all("lora_" in n for n in moved)  # the base weights never move
     assert any(".default." in n for n in moved)  # trained adapter
@@ -198,7 +201,7 @@ def test_lora_trains_only_the_adapter_and_publishes_it(rig, tiny_model_dir):
     # restart loads the adapter back
     tr2 = _trainer(cfg, store)
     lora_b = [n for n in moved if "lora_B.default" in n][0]
-    torch.testing.assert_close(dict(tr2.model.named_parameters())[lora_b], after[lora_b])
+    torch.testing.assert_close(dict(tr2.policy.model.named_parameters())[lora_b], after[lora_b])
 
 
 def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
@@ -214,10 +217,10 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     assert (new, source.version) == (3, 0)
     cur = current_version(store, tiny_model_dir)
     assert cur.version == 3 and cur.path == tiny_model_dir
-    tr.sync()  # a running trainer follows the rollback
+    tr.collect()  # a running trainer follows the rollback
     assert tr.current.version == 3
     base = load_file(str(tiny_model_dir / "model.safetensors"))
-    torch.testing.assert_close(tr.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
+    torch.testing.assert_close(tr.policy.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
 
     config_file = tmp_path / "cfg.yaml"
     config_file.write_text(
@@ -249,34 +252,36 @@ def test_rollback_prune_and_cli(rig, tiny_model_dir, tmp_path):
     assert (tiny_model_dir / "model.safetensors").exists()
 
 
-def test_rollback_while_a_step_trains_wins(rig, tiny_model_dir):
+def test_rollback_while_a_step_trains_wins(rig, tiny_model_dir, monkeypatch):
     """A step trained from v2 must not publish over a rollback made while it trained: it is
     recorded as superseded, its samples stay untrained, and the trainer follows the rollback."""
+    import trainer.loop
+
     cfg, store = rig()
     _add(store, tiny_model_dir, 4)
     tr = _trainer(cfg, store)
     assert [r.new_version for r in tr.run(steps=1)] == [1]
-    samples = tr.collect()
-    assert len(samples) == 2
-    real_forward = tr.forward_backward
+    batch = tr.collect()
+    assert len(batch.samples) == 2
+    real_step = trainer.loop.train_step
 
-    def forward_then_rollback(*a, **kw):
-        out = real_forward(*a, **kw)
+    def step_then_rollback(*a, **kw):
+        out = real_step(*a, **kw)
         rollback(store, None, tiny_model_dir, 0)  # `clawproxy rollback 0` from another shell
         return out
 
-    tr.forward_backward = forward_then_rollback
-    result = tr.step(samples)
+    monkeypatch.setattr(trainer.loop, "train_step", step_then_rollback)
+    result = tr.step(batch)
     assert result.status == "superseded" and result.new_version is None
     assert current_version(store, tiny_model_dir).version == 2  # the rollback's version, not a v3
     assert not (cfg.data_path / "checkpoints" / "v3").exists()
     trained = {r["turn_id"] for r in store.query("SELECT turn_id FROM trained_samples")}
-    assert not trained & {s.turn_id for s in samples}
-    tr.forward_backward = real_forward
-    tr.sync()
+    assert not trained & {s.turn_id for s in batch.samples}
+    monkeypatch.setattr(trainer.loop, "train_step", real_step)
+    tr.collect()
     assert tr.current.version == 2
     base = load_file(str(tiny_model_dir / "model.safetensors"))
-    torch.testing.assert_close(tr.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
+    torch.testing.assert_close(tr.policy.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
     assert [r.new_version for r in tr.run(steps=1)] == [3]  # the samples train again, from v2
 
 
@@ -324,32 +329,29 @@ def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
 def test_score_baselines_leave_one_out(rig, tiny_model_dir):
     """RLOO over this batch and the samples trained before it (newest first, score-0 left out);
     window 0 gives 0."""
-    from types import SimpleNamespace
-
     from trainer.batch import Sample
-    from trainer.loop import Trainer
 
     def sample(turn_id, score):
         return Sample(turn_id=turn_id, prompt_ids=[1], completion_ids=[2], behaviour_logps=[-1.0], score=score,
                       hint=None, weight_version=0)
 
     cfg, store = rig(baseline_window=4)
-    me = SimpleNamespace(tcfg=cfg.trainer, store=store)
+    tcfg = cfg.trainer
     # no history: each sample against the others in its batch; all-fail batch -> advantage 0
-    assert Trainer.score_baselines(me, [sample(1, -1), sample(2, -1)]) == {1: -1.0, 2: -1.0}
-    assert Trainer.score_baselines(me, [sample(1, 1), sample(2, -1), sample(3, 0)]) == {1: -1.0, 2: 1.0, 3: 0.0}
-    assert Trainer.score_baselines(me, [sample(1, 1)]) == {1: 0.0}
+    assert score_baselines(store, tcfg, [sample(1, -1), sample(2, -1)]) == {1: -1.0, 2: -1.0}
+    assert score_baselines(store, tcfg, [sample(1, 1), sample(2, -1), sample(3, 0)]) == {1: -1.0, 2: 1.0, 3: 0.0}
+    assert score_baselines(store, tcfg, [sample(1, 1)]) == {1: 0.0}
     distilled = sample(4, -1)
     distilled.kind = "opd"  # a cut-off answer trained by distillation alone: its -1 is no RL score
-    assert Trainer.score_baselines(me, [sample(1, 1), distilled]) == {1: 0.0, 4: 1.0}
+    assert score_baselines(store, tcfg, [sample(1, 1), distilled]) == {1: 0.0, 4: 1.0}
     old = [insert_turn(store, prompt_ids=[1], completion_ids=[2], score=s) for s in (1, 1, -1, -1, -1, 0)]
     step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
     for t in old:
         store.insert("trained_samples", {"turn_id": t, "step_id": step})
     # history: the newest four non-zero are -1, -1, -1, +1; pool with the batch sums to -2 over 6
-    assert Trainer.score_baselines(me, [sample(7, 1), sample(8, -1)]) == pytest.approx({7: -0.6, 8: -0.2})
-    me.tcfg = rig(baseline_window=0)[0].trainer
-    assert Trainer.score_baselines(me, [sample(7, 1)]) == {7: 0.0}
+    assert score_baselines(store, tcfg, [sample(7, 1), sample(8, -1)]) == pytest.approx({7: -0.6, 8: -0.2})
+    tcfg = rig(baseline_window=0)[0].trainer
+    assert score_baselines(store, tcfg, [sample(7, 1)]) == {7: 0.0}
 
 
 def test_a_cut_off_answer_with_a_hint_trains_by_distillation_alone(rig, tiny_model_dir):
@@ -365,25 +367,26 @@ def test_a_cut_off_answer_with_a_hint_trains_by_distillation_alone(rig, tiny_mod
     def loss(score, finish_reason):
         t = insert_turn(store, prompt_ids=prompt, completion_ids=completion, logps=[-10.8] * 8, score=score,
                         hint="Answer in one word.", messages=MESSAGES, finish_reason=finish_reason)
-        (s,) = [s for s in tr.collect() if s.turn_id == t]
-        m = tr.forward_backward([s])
-        tr.optimizer.zero_grad(set_to_none=True)
+        batch = tr.collect()
+        (s,) = [s for s in batch.samples if s.turn_id == t]
+        # learning rate 0: the loss is measured, the weights stay for the next comparison
+        m = train_step(tr.policy, tr.optimizer, replace(batch, samples=[s], baselines={}, lr=0.0), cfg.trainer)
         store.record_skipped({t: "test"})  # out of the next collect
         return s.kind, m
 
     (k_neg, cut_neg), (k_pos, cut_pos) = loss(-1, "length"), loss(1, "length")
     k_fin, fin = loss(-1, "stop")
     assert (k_neg, k_pos, k_fin) == ("opd", "opd", "rl_opd")
-    assert cut_neg["loss"] == pytest.approx(cut_pos["loss"]) and cut_neg["opd_samples"] == 1
-    assert abs(fin["loss"] - cut_neg["loss"]) > 0.1  # the finished one carries the RL term (-1 x 8 tokens)
+    assert cut_neg.loss == pytest.approx(cut_pos.loss) and cut_neg.opd_samples == 1
+    assert abs(fin.loss - cut_neg.loss) > 0.1  # the finished one carries the RL term (-1 x 8 tokens)
 
     cut = insert_turn(store, prompt_ids=prompt, completion_ids=completion, logps=[-10.8] * 8, score=-1,
                       hint="Answer in one word.", messages=MESSAGES, finish_reason="length")
     plain = _add(store, tiny_model_dir, 1, seed=4, hint=None)
-    before = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    before = {k: v.detach().clone() for k, v in tr.policy.model.state_dict().items()}
     (result,) = tr.run(steps=1)
     assert result.status == "published" and result.metrics["kinds"] == {"opd": 1, "rl": 1}
-    assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+    assert any(not torch.equal(before[k], v) for k, v in tr.policy.model.state_dict().items())
     rows = store.query("SELECT turn_id, kind FROM trained_samples ORDER BY turn_id")
     assert rows == [{"turn_id": cut, "kind": "opd"}, {"turn_id": plain[0], "kind": "rl"}]
     assert store.recent_trained_scores(10) == [1]  # the cut-off answer's -1 is not an RL score
@@ -397,6 +400,31 @@ def test_a_sample_whose_teacher_prompt_is_too_long_is_skipped_with_its_reason(ri
     cfg, store = rig(max_seq_len=n + 2)  # the hint adds more than 2 tokens
     hinted, plain = _add(store, tiny_model_dir, 2)
     tr = _trainer(cfg, store)
-    assert [s.turn_id for s in tr.collect()] == [plain]
+    assert [s.turn_id for s in tr.collect().samples] == [plain]
     rows = store.query("SELECT turn_id, reason FROM skipped_samples")
     assert rows == [{"turn_id": hinted, "reason": "teacher_too_long"}]
+
+
+def test_step_metrics_are_summed_over_processes_in_one_collective():
+    """Under data parallel each process sums its micro-batches; one all-reduce adds the sums, and
+    what is not a sum (the batch's size, the learning rate) is left alone."""
+    from trainer.loop import StepMetrics
+
+    class TwoRanks:  # the piece of accelerate.Accelerator that StepMetrics.reduce uses
+        num_processes, device, calls = 2, "cpu", 0
+
+        def reduce(self, tensor, reduction):
+            assert reduction == "sum"
+            self.calls += 1
+            return tensor * 2  # the other rank holds the same sums
+
+    m = StepMetrics(loss=0.5, tokens=40, completion_tokens=10, clip_sum=1.0, opd_tokens=4, opd_gap_sum=2.0,
+                    samples=3, lr=0.1, kinds={"rl": 3})
+    acc = TwoRanks()
+    m.reduce(acc)
+    assert acc.calls == 1
+    d = m.as_dict()
+    assert (d["loss"], d["tokens"], d["completion_tokens"]) == (1.0, 80, 20)
+    assert d["clip_frac"] == pytest.approx(0.1) and d["opd_gap_mean"] == pytest.approx(0.5)
+    assert (d["samples"], d["lr"], d["kinds"]) == (3, 0.1, {"rl": 3})
+    assert "gate" not in d and "save_s" not in d  # set by the gate and the publish, not yet here
