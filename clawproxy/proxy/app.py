@@ -47,7 +47,7 @@ from clawproxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
-from clawproxy.proxy import ui
+from clawproxy.proxy import aiohttp_patches, ui
 from clawproxy.proxy.metrics import ProxyMetrics, Timing
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.routing import ModelRouter, router_for
@@ -172,6 +172,8 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
         raise ConfigError("the proxy needs proxy.upstream (e.g. --upstream http://127.0.0.1:8000).")
     app = web.Application(client_max_size=cfg.proxy.max_body_bytes)
     _install_log_filters()
+    aiohttp_patches.install()
+    app[aiohttp_patches.PROTOCOL_ERRORS] = _protocol_error
     if not cfg.proxy.is_loopback:
         log.warning("the proxy listens on %s, off loopback: every request must carry "
                     "`Authorization: Bearer <proxy.control_token>`; anyone who has the token can "
@@ -318,64 +320,17 @@ def _request_headers(h: CIMultiDictProxy[str], drop_auth: bool = False) -> CIMul
     return out
 
 
-# aiohttp parses header bytes that are not UTF-8 into surrogate escapes, and its writer drops
-# surrogates: `Bearer sk-\xe9\xff` would reach the upstream as `Bearer sk-`. Headers that hold such
-# bytes are serialized back to the bytes they came from; all others take aiohttp's own path.
-_ESCAPED = re.compile("[\udc80-\udcff]")
-
-
-def _install_raw_header_writer() -> None:
-    from aiohttp import http_writer
-
-    orig = http_writer._serialize_headers
-    if getattr(orig, "_clawproxy", False):
-        return
-
-    def serialize(status_line: str, headers: CIMultiDict[str]) -> bytes:
-        if not any(_ESCAPED.search(v) for v in headers.values()):
-            return orig(status_line, headers)
-        safe = http_writer._safe_header
-        lines = [safe(status_line), *(f"{safe(k)}: {safe(v)}" for k, v in headers.items())]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-
-    serialize._clawproxy = True  # type: ignore[attr-defined]
-    http_writer._serialize_headers = serialize
-
-
-_install_raw_header_writer()
-
-
-def _install_json_protocol_errors() -> None:
-    """aiohttp answers what its HTTP parser refuses (a bad request line, header or chunk) and a
-    handler's unexpected exception from its protocol layer, before any route or middleware, in
-    plain text. For the proxy's own app (and only it: the engine and other servers keep theirs),
-    the answer becomes the OpenAI JSON error its clients parse; aiohttp still logs and closes."""
-    from aiohttp.web_protocol import RequestHandler
-
-    orig = RequestHandler.handle_error
-    if getattr(orig, "_clawproxy", False):
-        return
-
-    def handle_error(self: RequestHandler, request: Any, status: int = 500,
-                     exc: BaseException | None = None, message: str | None = None) -> web.StreamResponse:
-        resp = orig(self, request, status, exc, message)
-        app = getattr(self._request_factory, "__self__", None)  # the app whose server this is
-        if not isinstance(app, web.Application) or CONFIG_KEY not in app:
-            return resp
-        if status < 500:
-            err: ClawproxyError = RequestError(f"malformed HTTP request: {(message or str(exc or ''))[:300]}",
-                                               status=status, code="invalid_http")
-        else:
-            err = _INTERNAL if status == 500 else ClawproxyError("the request took too long", status=status)
-        out = error_response(err)
-        out.force_close()
-        return out
-
-    handle_error._clawproxy = True  # type: ignore[attr-defined]
-    RequestHandler.handle_error = handle_error  # type: ignore[method-assign]
-
-
-_install_json_protocol_errors()
+def _protocol_error(status: int, message: str | None, exc: BaseException | None) -> web.StreamResponse:
+    """What aiohttp's protocol layer answers itself (aiohttp_patches.py), as the OpenAI JSON error
+    our clients parse; the connection is closed, as aiohttp would."""
+    if status < 500:
+        err: ClawproxyError = RequestError(f"malformed HTTP request: {(message or str(exc or ''))[:300]}",
+                                           status=status, code="invalid_http")
+    else:
+        err = _INTERNAL if status == 500 else ClawproxyError("the request took too long", status=status)
+    out = error_response(err)
+    out.force_close()
+    return out
 
 
 def _end_to_end_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
