@@ -13,7 +13,6 @@ all call it and run the app with ``server_options``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import itertools
 import logging
@@ -51,7 +50,7 @@ from clawproxy.proxy import aiohttp_patches, ui
 from clawproxy.proxy.metrics import ProxyMetrics, Timing
 from clawproxy.proxy.recorder import Capture, Recorder, clean_header
 from clawproxy.proxy.routing import ModelRouter, router_for
-from clawproxy.proxy.sse import Added, EventFramer, strip_body
+from clawproxy.proxy.sse import Added, StreamTap, strip_body
 
 log = logging.getLogger("clawproxy.proxy")
 
@@ -70,8 +69,6 @@ HOP_BY_HOP = frozenset({
 })
 SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
 SWITCH_INTERVAL_S = 0.0005
-DONE = b"[DONE]"
-_DONE_EVENT = re.compile(rb"[\r\n]data: ?\[DONE\]")
 
 
 @dataclass
@@ -473,6 +470,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 async def _forward(request: web.Request, route: str | None, t: Timing) -> web.StreamResponse:
+    """Check the caller, then one exchange with the upstream.
+
+    Every way out of the exchange ends the chat turn's capture (``Capture.finish``: the first
+    outcome wins) and the one ``finally`` hands it to the recorder, whatever happened: client
+    hang-up, upstream failure, bad body, a bug of ours. A stream's last read (the one that holds
+    ``[DONE]``) is sent only after that, so a turn the client saw finish is journaled.
+    """
     app = request.app
     cfg = app[CONFIG_KEY]
     st = app[STATS_KEY]
@@ -484,101 +488,143 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
     if route is None:
         st.errors += 1
         return _not_forwarded(request)
-    is_chat = request.method == "POST" and request.path in CHAT_PATHS
-    t0 = time.perf_counter()
-    rid = next(app[IDS_KEY])
-    cap: Capture | None = None
-    added = Added()
+    cap = None
+    if request.method == "POST" and request.path in CHAT_PATHS:
+        st.chat_requests += 1
+        cap = Capture(next(app[IDS_KEY]), time.time(), request.path, time.perf_counter(),
+                      session_headers={k: clean_header(v) for k in SESSION_HEADERS
+                                       if (v := request.headers.get(k))})
+    end: _StreamEnd | None = None
+    st.in_flight += 1
     try:
-        if is_chat:
-            st.chat_requests += 1
-            cap = Capture(rid, time.time(), request.path, t0,
-                          session_headers={k: clean_header(v) for k in SESSION_HEADERS
-                                           if (v := request.headers.get(k))})
-        body = await _read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
-        t.start = time.perf_counter()
-        if cap is not None:
-            cap.raw_body = body
-            obj = _parse_chat_body(request, body)
-            cap.body = obj
-            if (router := app[ROUTER_KEY]) is not None:
-                body = router.route(obj, body)
-            if cfg.proxy.record_tokens and not st.token_fields_refused:
-                added = Added(logprobs="logprobs" not in obj,
-                              token_ids="return_token_ids" not in obj)
-    except asyncio.CancelledError:  # the client hung up mid-body: an aborted turn, counted
+        resp, end = await _exchange(request, cap, t, need_token)
+    except asyncio.CancelledError:  # the client hung up (server_options: handler_cancellation)
         st.aborted += 1
         t.aborted = True
         if cap is not None:
-            cap.status, cap.error, cap.t_end = "aborted", "client disconnected while sending the body", time.perf_counter()
-            app[RECORDER_KEY].submit(cap)
+            cap.finish("aborted", error="client disconnected" if t.start is not None
+                       else "client disconnected while sending the body")
         raise
-    except RequestError as e:
+    except ClawproxyError as e:  # the client's request or the upstream failed: a JSON error
         st.errors += 1
+        if isinstance(e, UpstreamError):
+            log.warning("upstream failure (%d): %s", e.status, e.message)
         if cap is not None:
-            cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
-            app[RECORDER_KEY].submit(cap)
+            cap.finish("error", e.status, e.message)
         resp = error_response(e)
         if e.code in _UNREAD_BODY:
             resp.force_close()  # the rest of the body is still on the wire: drop the connection
-        return resp
     except Exception as e:  # a bug of ours: logged with its traceback, the client gets JSON
-        log.exception("proxy error reading %s %s", request.method, request.path)
-        st.errors += 1
-        if cap is not None:
-            cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
-            cap.error = f"proxy error: {type(e).__name__}: {e}"
-            app[RECORDER_KEY].submit(cap)
-        resp = error_response(_INTERNAL)
-        resp.force_close()
-        return resp
-
-    st.in_flight += 1
-    try:
-        if added:
-            resp = await _proxy(request, _splice_fields(body, added.logprobs, added.token_ids),
-                                cap, added, t, need_token)
-            if resp is not _REFUSED:
-                return resp
-            if cap is not None:
-                cap.http_status = cap.header_weight_version = None
-                cap.chunks.clear()
-            resp = await _proxy(request, body, cap, Added(), t, need_token)
-            # Only when the same request succeeds without our fields were they the problem; a
-            # 400 about the client's own fields (say, top_logprobs out of range) must not turn
-            # token recording off for everyone.
-            if resp.status < 400 and not st.token_fields_refused:
-                st.token_fields_refused = True
-                log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
-                            "token ids from now on (set proxy.record_tokens: false to silence this)")
-            return resp
-        return await _proxy(request, body, cap, added, t, need_token)
-    except asyncio.CancelledError:  # the client hung up (server_options: handler_cancellation)
-        st.aborted += 1
-        if cap is not None and cap.t_end is None:
-            cap.status, cap.error, cap.t_end = "aborted", "client disconnected", time.perf_counter()
-            app[RECORDER_KEY].submit(cap)
-        raise
-    except UpstreamError as e:
-        log.warning("upstream failure (%d): %s", e.status, e.message)
-        st.errors += 1
-        if cap is not None:
-            cap.status, cap.http_status, cap.error, cap.t_end = "error", e.status, e.message, time.perf_counter()
-            app[RECORDER_KEY].submit(cap)
-        return error_response(e)
-    except Exception as e:  # a bug of ours: logged with its traceback, never shown to the client
         log.exception("proxy error on %s %s", request.method, request.path)
         st.errors += 1
-        if cap is not None and cap.t_end is None:
-            cap.status, cap.http_status, cap.t_end = "error", 500, time.perf_counter()
-            cap.error = f"proxy error: {type(e).__name__}: {e}"
-            app[RECORDER_KEY].submit(cap)
-        return error_response(_INTERNAL)
+        if cap is not None:
+            cap.finish("error", 500, f"proxy error: {type(e).__name__}: {e}")
+        resp = error_response(_INTERNAL)
+        resp.force_close()
     finally:
         st.in_flight -= 1
+        if cap is not None:
+            cap.finish("error", error="proxy error: the exchange ended without an outcome")
+            app[RECORDER_KEY].submit(cap)
+    if end is not None:
+        await end.send(request, t)
+    return resp
 
 
 _INTERNAL = ClawproxyError("internal proxy error; see the clawproxy log")
+
+
+async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_auth: bool
+                    ) -> tuple[web.StreamResponse, _StreamEnd | None]:
+    """Read the client's body, ask the upstream, relay its answer; finishes ``cap`` on success.
+
+    Two refusals are retried once each, with the whole error body in hand: an upstream that
+    refuses the token fields we add is asked again without them, and a vLLM that restarted
+    without our LoRA adapter gets it loaded again (``ModelRouter``).
+    """
+    app = request.app
+    cfg = app[CONFIG_KEY]
+    st = app[STATS_KEY]
+    body = await _read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
+    t.start = time.perf_counter()
+    added = Added()
+    router = app[ROUTER_KEY] if cap is not None else None
+    if cap is not None:
+        cap.raw_body = body
+        cap.body = obj = _parse_chat_body(request, body)
+        if router is not None:
+            body = router.route(obj, body)
+        if cfg.proxy.record_tokens and not st.token_fields_refused:
+            added = Added(logprobs="logprobs" not in obj, token_ids="return_token_ids" not in obj)
+    retried_plain = rerouted = False
+    while True:
+        sent = _splice_fields(body, added.logprobs, added.token_ids) if added else body
+        up = await _ask(request, sent, t, drop_auth)
+        # Only when the same request succeeds without our fields were they the problem; a 400
+        # about the client's own fields (say, top_logprobs out of range) must not turn token
+        # recording off for everyone.
+        if retried_plain and up.status < 400 and not st.token_fields_refused:
+            st.token_fields_refused = True
+            log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
+                        "token ids from now on (set proxy.record_tokens: false to silence this)")
+        if up.headers.get("Content-Type", "").startswith("text/event-stream"):
+            _note_answer(app, cap, up)
+            return await _stream(request, up, cap, added if up.status < 400 else Added(), t)
+        data = await _read_answer(request, up, t)
+        if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
+            added, retried_plain = Added(), True
+            continue
+        if router is not None and not rerouted and router.lost(up.status, data):
+            body, rerouted = await router.recover(body), True
+            continue
+        break
+    _note_answer(app, cap, up)
+    if cap is not None:
+        cap.t_first = time.perf_counter()
+        cap.chunks.append(data)
+        cap.finish("ok")  # an error status is read from http_status by the recorder
+        if added and up.status < 400:
+            data = strip_body(data, added)
+    if up.status >= 400:
+        st.errors += 1
+    return web.Response(status=up.status, body=data, headers=_end_to_end_headers(up.headers)), None
+
+
+async def _ask(request: web.Request, body: bytes, t: Timing, drop_auth: bool) -> aiohttp.ClientResponse:
+    """Send the request upstream; its response once the headers are in."""
+    app = request.app
+    url = URL(app[CONFIG_KEY].proxy.upstream + request.raw_path, encoded=True)
+    t0 = time.perf_counter()
+    try:
+        return await app[UPSTREAM_KEY].request(
+            request.method, url, headers=_request_headers(request.headers, drop_auth),
+            data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
+            allow_redirects=False,
+        )
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        raise _upstream_error(request, e) from e
+    finally:
+        t.upstream_s = (t.upstream_s or 0.0) + time.perf_counter() - t0
+
+
+async def _read_answer(request: web.Request, up: aiohttp.ClientResponse, t: Timing) -> bytes:
+    """A non-streamed answer's whole body; the upstream connection is released."""
+    t0 = time.perf_counter()
+    try:
+        return await up.read()
+    except (TimeoutError, aiohttp.ClientError) as e:
+        raise _upstream_error(request, e) from e
+    finally:
+        t.upstream_s = (t.upstream_s or 0.0) + time.perf_counter() - t0
+        up.release()
+
+
+def _note_answer(app: web.Application, cap: Capture | None, up: aiohttp.ClientResponse) -> None:
+    if cap is not None:
+        cap.http_status = up.status
+        cap.header_weight_version = _int_header(up.headers.get("x-weight-version"))
+        if cap.header_weight_version is not None:
+            app[STATS_KEY].upstream_weight_version = cap.header_weight_version
 
 
 def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
@@ -590,130 +636,55 @@ def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
     return UpstreamError(f"upstream unreachable: {type(exc).__name__}: {exc}")
 
 
-# The first generated token (text, reasoning or a tool call): TTFT starts there, not at the
-# role-only first chunk that vLLM and our engine send before prefill.
-_GENERATED = re.compile(rb'"(?:content|reasoning_content|reasoning)":\s*"(?!")|"tool_calls":\s*\[')
-_REFUSED = web.Response(status=400)  # sentinel: the upstream refused our token fields
-
-
-async def _proxy(request: web.Request, body: bytes, cap: Capture | None, added: Added,
-                 t: Timing, drop_auth: bool = False, rerouted: bool = False) -> web.StreamResponse:
-    app = request.app
-    cfg = app[CONFIG_KEY]
-    url = URL(cfg.proxy.upstream + request.raw_path, encoded=True)
-    t0 = time.perf_counter()
-    waited = t.upstream_s or 0.0
-    try:
-        up = await app[UPSTREAM_KEY].request(
-            request.method, url, headers=_request_headers(request.headers, drop_auth),
-            data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
-            allow_redirects=False,
-        )
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
-        t.upstream_s = waited + time.perf_counter() - t0
-        raise _upstream_error(request, e) from e
-    t.upstream_s = waited + time.perf_counter() - t0
-
-    try:
-        headers = _end_to_end_headers(up.headers)
-        is_sse = up.headers.get("Content-Type", "").startswith("text/event-stream")
-        if cap is not None:
-            cap.http_status = up.status
-            cap.header_weight_version = _int_header(up.headers.get("x-weight-version"))
-            if cap.header_weight_version is not None:
-                app[STATS_KEY].upstream_weight_version = cap.header_weight_version
-        strip = added if (cap is not None and up.status < 400) else Added()
-        if is_sse:
-            return await _stream(request, up, headers, cap, strip, t)
-        t0 = time.perf_counter()
-        try:
-            data = await up.read()
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise _upstream_error(request, e) from e
-        finally:
-            t.upstream_s += time.perf_counter() - t0
-        if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
-            return _REFUSED  # the caller retries once without the fields we added
-        router = app[ROUTER_KEY]
-        if cap is not None and router is not None and not rerouted and router.lost(up.status, data):
-            up.release()  # vLLM restarted without our adapter: load it again, retry once
-            return await _proxy(request, await router.recover(body), cap, added, t, drop_auth,
-                                rerouted=True)
-        if cap is not None:
-            cap.t_first = cap.t_end = time.perf_counter()
-            cap.chunks.append(data)
-            app[RECORDER_KEY].submit(cap)
-        if strip:
-            data = strip_body(data, strip)
-        if up.status >= 400:
-            app[STATS_KEY].errors += 1
-        return web.Response(status=up.status, body=data, headers=headers)
-    finally:
-        up.release()
-
-
-async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                  cap: Capture | None, strip: Added, t: Timing) -> web.StreamResponse:
-    """Pass the event stream through as it arrives; a copy of each read goes to the capture.
-
-    The turn is handed to the recorder (journaled) before the read that holds ``[DONE]`` is
-    forwarded, so a client that saw the end of a turn can rely on it being on disk. A stream
-    that ends without ``[DONE]`` gets an in-band error event and is recorded as an error.
+async def _stream(request: web.Request, up: aiohttp.ClientResponse, cap: Capture | None,
+                  strip: Added, t: Timing) -> tuple[web.StreamResponse, _StreamEnd | None]:
+    """Relay the event stream as it arrives, through a ``StreamTap`` that strips our fields and
+    keeps the capture's copy, up to the read that holds ``[DONE]``: that read and whatever follows
+    are returned as a ``_StreamEnd``, sent once the turn is recorded. A stream that ends without
+    ``[DONE]`` or fails gets an in-band error event as its end and is recorded as an error.
     """
-    resp = web.StreamResponse(status=up.status, headers=headers)
-    framer = None
-    chunks = None
-    if cap is not None:
+    tap = StreamTap(strip, keep=cap is not None)
+    if cap is not None and tap.chunks is not None:
         cap.stream = True
-        chunks = cap.chunks
-        if strip:
-            # We parse the events that carry our fields anyway: the recorder gets those objects.
-            cap.events = []
-            framer = EventFramer(strip, cap.events)
-    await resp.prepare(request)
-    done = False
-    tail = b"\n"
-    waiting: float | None = time.perf_counter()  # since when we wait on the upstream, None: we don't
+        cap.chunks, cap.events = tap.chunks, tap.events
+    resp = web.StreamResponse(status=up.status, headers=_end_to_end_headers(up.headers))
+    waiting: float | None = None  # since when we wait on the upstream, None: we don't
     try:
+        await resp.prepare(request)
+        waiting = time.perf_counter()
         async for data in up.content.iter_any():
             t.upstream_s += time.perf_counter() - waiting
             waiting = None
-            if not done:
-                # A newline never occurs inside a JSON payload: "[DONE]" in generated text is no end.
-                if DONE in data or DONE in tail[-8:] + data[:8]:
-                    done = _DONE_EVENT.search(tail + data) is not None
-                tail = data[-24:] if len(data) >= 24 else (tail + data)[-24:]
-            if chunks is not None and cap.t_end is None:
-                if cap.t_first is None and _GENERATED.search(data):
-                    cap.t_first = time.perf_counter()
-                chunks.append(data)
-            if framer is not None:
-                data = framer.feed(data)
-            if done and cap is not None and cap.t_end is None:
-                if framer is not None:
-                    framer.detach()
-                cap.done = True
-                _finish(request, cap)
-            if data:
-                await resp.write(data)
+            out = tap.feed(data)
+            if cap is not None and cap.t_first is None and tap.generated:
+                cap.t_first = time.perf_counter()
+            if tap.done:
+                break
+            if out:
+                await resp.write(out)
             waiting = time.perf_counter()
-        t.upstream_s += time.perf_counter() - waiting
-        waiting = None
-        if framer is not None and (rest := framer.flush()):
-            await resp.write(rest)
-        if not done and up.status < 400:
-            raise _StreamCut("upstream closed the stream before [DONE]")
+        else:
+            t.upstream_s += time.perf_counter() - waiting
+            waiting = None
+            out = tap.close()
+            if not tap.done and up.status < 400:
+                if out:
+                    await resp.write(out)
+                raise _StreamCut("upstream closed the stream before [DONE]")
+        if cap is not None:
+            cap.done = tap.done
+            cap.finish("ok")  # an error status is read from http_status by the recorder
+        return resp, _StreamEnd(resp, up, out)
     except asyncio.CancelledError:
-        up.close()  # the client hung up: end the upstream generation now; forward() records it
+        up.close()  # the client hung up: end the upstream generation now; _forward records it
         raise
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):  # before ClientError
         request.app[STATS_KEY].aborted += 1
         t.aborted = True
         up.close()  # cancels the upstream generation
-        if cap is not None and cap.t_end is None:
-            cap.status, cap.error = "aborted", "client disconnected"
-        _finish(request, cap)
-        return resp
+        if cap is not None:
+            cap.finish("aborted", error="client disconnected")
+        return resp, None
     except (TimeoutError, aiohttp.ClientError, _StreamCut) as e:
         # Headers are gone already: tell the client in-band, record the failure, end the stream.
         if waiting is not None:  # a read timeout is the upstream's time, not ours
@@ -725,26 +696,45 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, headers: CIM
             err = UpstreamError(str(e))
         else:
             err = UpstreamError(f"upstream stream failed: {type(e).__name__}: {e}")
-        msg = err.message
-        log.warning("%s", msg)
+        log.warning("%s", err.message)
         request.app[STATS_KEY].errors += 1
-        if cap is not None and cap.t_end is None:
-            cap.status, cap.error = "error", msg
-        _finish(request, cap)
-        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-            await resp.write(b"data: " + orjson.dumps(error_body(err)) + b"\n\n")
-        return resp
-    _finish(request, cap)
-    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-        await resp.write_eof()
-    return resp
+        if cap is not None:
+            cap.finish("error", error=err.message)
+        return resp, _StreamEnd(resp, None, b"data: " + orjson.dumps(error_body(err)) + b"\n\n")
 
 
 class _StreamCut(Exception):
     """The upstream ended a 2xx event stream without its [DONE]."""
 
 
-def _finish(request: web.Request, cap: Capture | None) -> None:
-    if cap is not None and cap.t_end is None:
-        cap.t_end = time.perf_counter()
-        request.app[RECORDER_KEY].submit(cap)
+class _StreamEnd:
+    """What a stream sends after its turn is recorded: the read that held ``[DONE]`` (or an
+    in-band error event), anything the upstream still sends, then the end of the response."""
+
+    __slots__ = ("data", "resp", "up")
+
+    def __init__(self, resp: web.StreamResponse, up: aiohttp.ClientResponse | None, data: bytes):
+        self.resp, self.up, self.data = resp, up, data
+
+    async def send(self, request: web.Request, t: Timing) -> None:
+        try:
+            if self.data:
+                await self.resp.write(self.data)
+            if self.up is not None:
+                async for data in self.up.content.iter_any():
+                    await self.resp.write(data)
+            await self.resp.write_eof()
+        except BaseException as e:
+            if self.up is not None:
+                self.up.close()
+            if isinstance(e, (asyncio.CancelledError, ConnectionResetError)):
+                request.app[STATS_KEY].aborted += 1  # the client left; its turn is recorded already
+                t.aborted = True
+            elif isinstance(e, (TimeoutError, aiohttp.ClientError)):
+                log.warning("upstream failed after the turn ended: %s: %s", type(e).__name__, e)
+                return
+            if not isinstance(e, ConnectionResetError):
+                raise
+        finally:
+            if self.up is not None:
+                self.up.release()

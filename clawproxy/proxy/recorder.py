@@ -80,6 +80,17 @@ class Capture:
     t_end: float | None = None
     redacted: bool = False  # the journal already redacted this turn (its token ids must go)
 
+    def finish(self, status: str, http_status: int | None = None, error: str | None = None) -> bool:
+        """End the turn as ``status`` ("ok", "error", "aborted"); the first call wins, later ones
+        (a fallback in a ``finally``) change nothing. True if this call ended it."""
+        if self.t_end is not None:
+            return False
+        self.t_end = time.perf_counter()
+        self.status, self.error = status, error
+        if http_status is not None:
+            self.http_status = http_status
+        return True
+
 
 def clean_header(value: str) -> str:
     """A header value as text: bytes that were not UTF-8 (surrogate-escaped by aiohttp) become U+FFFD."""

@@ -1,8 +1,9 @@
 """Server-sent events: framing, stripping the fields we asked for, reassembling a turn.
 
-Two very different cost budgets live here. ``EventFramer`` and ``strip_event`` run on the hot path
-(once per upstream read, only when we must strip fields the client did not ask for), so they touch
-only the events that carry those fields and pass every other event through byte for byte.
+Two very different cost budgets live here. ``StreamTap`` and ``strip_event`` run on the hot path
+(once per upstream read; they parse JSON only when we must strip fields the client did not ask
+for), so they touch only the events that carry those fields and pass every other event through
+byte for byte. The tap does no IO: it is tested alone (tests/proxy/test_tap.py).
 ``assemble_stream`` / ``assemble_json`` run in the recorder's worker thread, after the response has
 been sent, and may parse everything.
 """
@@ -137,35 +138,60 @@ def strip_body(body: bytes, added: Added) -> bytes:
     return orjson.dumps(obj)
 
 
-class EventFramer:
-    """Re-frames an upstream byte stream into whole events so they can be stripped one by one.
+# The first generated token (text, reasoning or a tool call): TTFT starts there, not at the
+# role-only first chunk that vLLM and our engine send before prefill.
+_GENERATED = re.compile(rb'"(?:content|reasoning_content|reasoning)":\s*"(?!")|"tool_calls":\s*\[')
+DONE = b"[DONE]"
 
-    Holds back at most one unfinished event; everything complete is released immediately.
+
+class StreamTap:
+    """The proxy's view of one upstream event stream, sans IO (mitmproxy's protocol layers): feed
+    it each upstream read as it arrives and forward what it returns; ``close`` at the end.
+
+    Bytes pass unchanged unless ``strip`` names fields we added; then whole events are re-framed
+    and only those that carry the fields are re-serialized, so at most one unfinished event is
+    held back. Along the way it notes the first generated token (``generated``) and the
+    ``[DONE]`` event (``done``: an event whose data is ``[DONE]``, never the text in a chunk),
+    and, with ``keep``, what the recorder needs: the upstream's bytes as received (``chunks``)
+    and, when it had to parse events to strip them, those events unstripped (``events``).
     """
 
-    __slots__ = ("_added", "_rest", "_sink")
+    __slots__ = ("_strip", "_rest", "chunks", "events", "done", "generated")
 
-    def __init__(self, added: Added, sink: list | None = None):
-        self._added = added
+    def __init__(self, strip: Added = Added(), keep: bool = True):
+        self._strip = strip
         self._rest = b""
-        self._sink = sink
+        self.chunks: list[bytes] | None = [] if keep else None
+        self.events: list[bytes | dict[str, Any]] | None = [] if keep and strip else None
+        self.done = False
+        self.generated = False
 
     def feed(self, data: bytes) -> bytes:
+        """One upstream read in; the bytes to send the client now out."""
+        if self.chunks is not None:
+            self.chunks.append(data)
         buf = self._rest + data if self._rest else data
         events, self._rest = split_events(buf)
-        if not events:
-            return b""
-        if len(events) == 1:
-            return strip_event(events[0], self._added, self._sink)
-        return b"".join([strip_event(e, self._added, self._sink) for e in events])
+        if not self.generated or (DONE in buf and not self.done):
+            self._scan(events)
+        if not self._strip:
+            return data
+        return b"".join([strip_event(e, self._strip, self.events) for e in events])
 
-    def flush(self) -> bytes:
+    def close(self) -> bytes:
+        """The upstream ended: the unfinished last event, if any (an event may end at EOF)."""
         rest, self._rest = self._rest, b""
-        return strip_event(rest, self._added, self._sink) if rest else b""
+        if not rest:
+            return b""
+        self._scan([rest])
+        return strip_event(rest, self._strip, self.events) if self._strip else rest
 
-    def detach(self) -> None:
-        """Stop filling the sink (the recorder owns it from now on); stripping goes on."""
-        self._sink = None
+    def _scan(self, events: list[bytes]) -> None:
+        for ev in events:
+            if not self.generated and _GENERATED.search(ev):
+                self.generated = True
+            if DONE in ev and (d := event_data(ev)) is not None and d.strip() == DONE:
+                self.done = True
 
 
 # -- reassembly (recorder thread) ----------------------------------------------------------------

@@ -130,12 +130,11 @@ async def test_concurrent_streams_recorded_separately(rig):
 def test_prompt_token_ids_alone_are_stripped():
     # A first chunk that carries only prompt_token_ids (no choice-level token_ids or logprobs key)
     # must not leak them to a client that did not ask.
-    from clawproxy.proxy.sse import Added, EventFramer
+    from clawproxy.proxy.sse import Added, StreamTap
 
     chunk = {"id": "c1", "object": "chat.completion.chunk", "prompt_token_ids": [1, 2, 3],
              "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-    sink: list = []
-    out = EventFramer(Added(logprobs=True, token_ids=True), sink).feed(
-        b"data: " + orjson.dumps(chunk) + b"\n\n")
+    tap = StreamTap(Added(logprobs=True, token_ids=True))
+    out = tap.feed(b"data: " + orjson.dumps(chunk) + b"\n\n")
     assert orjson.loads(event_data(out)) == {k: v for k, v in chunk.items() if k != "prompt_token_ids"}
-    assert sink == [chunk]  # the recorder still gets the ids
+    assert tap.events == [chunk]  # the recorder still gets the ids

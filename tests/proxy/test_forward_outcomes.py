@@ -1,0 +1,106 @@
+"""Every way a chat request ends hands its capture to the recorder once, with the first outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import aiohttp
+import pytest
+
+from clawproxy.proxy import app as proxy_app
+from clawproxy.proxy.app import RECORDER_KEY
+from clawproxy.proxy.recorder import Capture
+
+BODY = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_finish_is_idempotent():
+    cap = Capture("r1", time.time(), "/v1/chat/completions", time.perf_counter())
+    assert cap.finish("aborted", error="client disconnected")
+    t_end = cap.t_end
+    assert not cap.finish("error", 500, "a later fallback")
+    assert (cap.status, cap.http_status, cap.error, cap.t_end) == ("aborted", None, "client disconnected", t_end)
+
+
+async def _submitted(make_rig, monkeypatch, **overrides):
+    rig = await make_rig(**overrides)
+    recorder = rig.app[RECORDER_KEY]
+    caps: list[Capture] = []
+    submit = recorder.submit
+
+    def spy(cap: Capture) -> None:
+        caps.append(cap)
+        submit(cap)
+
+    monkeypatch.setattr(recorder, "submit", spy)
+    return rig, caps
+
+
+async def _until(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def _one(caps: list[Capture]) -> Capture:
+    assert len(caps) == 1, [(c.request_id, c.status) for c in caps]
+    assert caps[0].t_end is not None
+    return caps[0]
+
+
+@pytest.mark.parametrize(("headers", "outcome"), [
+    ({}, ("ok", 200, True)),
+    ({"x-fake-status": "500"}, ("ok", 500, False)),  # the recorder reads the error from the status
+    ({"x-fake-reject-tokens": "1"}, ("ok", 200, True)),  # asked again without our token fields
+    ({"x-fake-raw": base64.b64encode(b'data: {"choices":[]}\n\n').decode()},
+     ("error", 200, False)),  # cut before [DONE]
+])
+async def test_answered_requests_are_submitted_once(make_rig, monkeypatch, headers, outcome):
+    rig, caps = await _submitted(make_rig, monkeypatch)
+    status, _, _ = await rig.chat(BODY, headers)
+    assert status == outcome[1]
+    cap = _one(caps)
+    assert (cap.status, cap.http_status, cap.done) == outcome
+
+
+async def test_a_bad_body_is_submitted_once(make_rig, monkeypatch):
+    rig, caps = await _submitted(make_rig, monkeypatch)
+    async with rig.client.post(rig.url + "/v1/chat/completions", data=b"{not json",
+                               headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 400
+    assert (_one(caps).status, caps[0].http_status) == ("error", 400)
+
+
+async def test_an_unreachable_upstream_is_submitted_once(make_rig, monkeypatch):
+    rig, caps = await _submitted(make_rig, monkeypatch, upstream="http://127.0.0.1:9")
+    status, _, _ = await rig.chat(BODY)
+    assert status == 502
+    assert (_one(caps).status, caps[0].http_status) == ("error", 502)
+
+
+async def test_a_bug_of_ours_is_submitted_once(make_rig, monkeypatch):
+    rig, caps = await _submitted(make_rig, monkeypatch)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(proxy_app, "_splice_fields", broken)
+    status, _, body = await rig.chat(BODY)
+    assert status == 500 and b"internal proxy error" in body
+    cap = _one(caps)
+    assert (cap.status, cap.http_status, cap.error) == ("error", 500, "proxy error: RuntimeError: boom")
+
+
+async def test_a_client_hanging_up_mid_stream_is_submitted_once(make_rig, monkeypatch):
+    rig, caps = await _submitted(make_rig, monkeypatch)
+    async with aiohttp.ClientSession() as client:
+        async with client.post(rig.url + "/v1/chat/completions", json=BODY,
+                               headers={"x-fake-mode": "hang-mid"}) as r:
+            await r.content.readany()
+    await _until(lambda: caps)
+    await asyncio.sleep(0.2)  # a second submission would come now
+    cap = _one(caps)
+    assert (cap.status, cap.error) == ("aborted", "client disconnected")
