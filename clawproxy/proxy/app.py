@@ -1,10 +1,10 @@
 """The aiohttp application: a transparent reverse proxy for ``/v1/*`` that records chat turns.
 
 Hot path, per request: read the body, validate and (for chat completions) splice in the token
-fields we want, open the upstream request, then pass every upstream read straight to the client.
-Only when we added fields the client did not ask for are events re-framed and the few that carry
-those fields re-serialized. Raw bytes are appended to a ``Capture``; parsing, session tracking and
-SQLite all happen later in the recorder (``recorder.py``), never between two chunks.
+fields we want, open the upstream request, then pass every upstream read to the client through a
+``StreamTap`` (``sse.py``), which strips the fields we added and builds the turn as its events
+pass, one orjson parse per event. The turn is journaled before ``[DONE]`` goes out; redacting the
+record, session tracking and SQLite happen later in the recorder (``recorder.py``), off the loop.
 
 ``create_app`` is self-contained: ``clawproxy start`` (the supervisor), ``run_proxy`` and the tests
 all call it and run the app with ``server_options``.
@@ -639,14 +639,14 @@ def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
 async def _stream(request: web.Request, up: aiohttp.ClientResponse, cap: Capture | None,
                   strip: Added, t: Timing) -> tuple[web.StreamResponse, _StreamEnd | None]:
     """Relay the event stream as it arrives, through a ``StreamTap`` that strips our fields and
-    keeps the capture's copy, up to the read that holds ``[DONE]``: that read and whatever follows
+    builds the recorded turn, up to the read that holds ``[DONE]``: that read and whatever follows
     are returned as a ``_StreamEnd``, sent once the turn is recorded. A stream that ends without
     ``[DONE]`` or fails gets an in-band error event as its end and is recorded as an error.
     """
     tap = StreamTap(strip, keep=cap is not None)
     if cap is not None and tap.chunks is not None:
         cap.stream = True
-        cap.chunks, cap.events = tap.chunks, tap.events
+        cap.chunks = tap.chunks
     resp = web.StreamResponse(status=up.status, headers=_end_to_end_headers(up.headers))
     waiting: float | None = None  # since when we wait on the upstream, None: we don't
     try:
@@ -701,6 +701,9 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, cap: Capture
         if cap is not None:
             cap.finish("error", error=err.message)
         return resp, _StreamEnd(resp, None, b"data: " + orjson.dumps(error_body(err)) + b"\n\n")
+    finally:
+        if cap is not None:
+            cap.assembled = tap.turn()  # whatever happened: the recorder gets what the tap saw
 
 
 class _StreamCut(Exception):

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from clawproxy.config import Config
 from clawproxy.errors import StoreError
 from clawproxy.proxy.redact import Redactor
 from clawproxy.proxy.sessions import SessionTracker, body_hash
-from clawproxy.proxy.sse import assemble_events, assemble_json, assemble_stream
+from clawproxy.proxy.sse import Assembled, assemble_json, assemble_stream
 from clawproxy.store import Store
 
 log = logging.getLogger("clawproxy.recorder")
@@ -74,7 +74,7 @@ class Capture:
     status: str = "ok"
     error: str | None = None
     chunks: list[bytes] = field(default_factory=list)  # the upstream's bytes, as received
-    events: list[bytes | dict[str, Any]] | None = None  # whole events, when the hot path framed them
+    assembled: Assembled | None = None  # the streamed turn, as the proxy's tap built it
     header_weight_version: int | None = None
     t_first: float | None = None
     t_end: float | None = None
@@ -110,8 +110,8 @@ def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, A
     raw = b"".join(cap.chunks)
     asm = None
     if cap.http_status is not None and cap.http_status < 400:
-        if cap.events is not None:
-            asm = assemble_events(cap.events)
+        if cap.assembled is not None:
+            asm = cap.assembled
         elif raw:
             asm = assemble_stream(raw) if cap.stream else assemble_json(raw)
     status, error = cap.status, cap.error
@@ -188,20 +188,41 @@ def raw_turn_text(cap: Capture, redactor: Redactor | None) -> str:
     return data.decode("utf-8", "replace")
 
 
-# -- the journal: raw turns, appended before the client's last byte ------------------------------
+# -- the journal: turns, appended before the client's last byte -----------------------------------
 def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
-    """One journal record: meta line, request body, upstream bytes; with ``redactor``, the body and
-    the bytes are redacted first (by structure and by format), so no secret reaches the disk."""
-    body, resp = cap.raw_body, b"".join(cap.chunks)
+    """One journal record: meta line, request body, response; with ``redactor``, the body and the
+    response are redacted first (by structure and by format), so no secret reaches the disk.
+
+    A stream that ended with ``[DONE]`` is journaled as the turn the tap built (a few hundred bytes
+    of text to redact, where the raw stream is tens of KB of envelopes); any other response as the
+    upstream's bytes. Token ids and log-probs stay out of the redaction, as in ``parse_capture``.
+    """
+    body = cap.raw_body
     redacted = False
     if redactor is not None:
         if cap.body is not None:
             tree, changed = redactor.tree(cap.body)
             if changed:
                 body = orjson.dumps(tree)
-        clean_body, clean_resp = redactor.bytes(body), redactor.bytes(resp, stream=True)
-        redacted = clean_body != cap.raw_body or clean_resp != resp
-        body, resp = clean_body, clean_resp
+        body = redactor.bytes(body)
+        redacted = body != cap.raw_body
+    asm = cap.assembled if cap.done else None
+    if asm is not None:
+        turn = {f.name: getattr(asm, f.name) for f in fields(asm)}
+        tokens = {k: turn.pop(k) for k in _TOKEN_FIELDS}
+        data = orjson.dumps(turn)
+        if redactor is not None:
+            tree, changed = redactor.tree(turn)
+            clean = redactor.bytes(orjson.dumps(tree) if changed else data)
+            redacted |= clean != data
+            data = clean
+        resp = b'{"tokens":' + orjson.dumps(tokens) + b',"turn":' + data + b"}"
+    else:
+        resp = b"".join(cap.chunks)
+        if redactor is not None:
+            clean = redactor.bytes(resp, stream=True)
+            redacted |= clean != resp
+            resp = clean
     meta = orjson.dumps({
         "id": cap.request_id, "at": cap.created_at, "path": cap.path, "stream": cap.stream,
         "done": cap.done, "http": cap.http_status, "status": cap.status, "error": cap.error,
@@ -209,7 +230,7 @@ def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
         "wv": cap.header_weight_version,
         "ttft": cap.t_first - cap.t0 if cap.t_first else None,
         "total": (cap.t_end or time.perf_counter()) - cap.t0,
-        "nb": len(body), "nr": len(resp), "red": redacted or cap.redacted,
+        "nb": len(body), "nr": len(resp), "red": redacted or cap.redacted, "asm": asm is not None,
     })
     return b"".join((JOURNAL_MAGIC, meta, b"\n", body, resp))
 
@@ -245,7 +266,12 @@ def read_journal(path: Path) -> list[Capture]:
                       done=m["done"], http_status=m["http"], status=m["status"], error=m["error"],
                       header_weight_version=m["wv"], t_first=m["ttft"], t_end=m["total"],
                       redacted=m.get("red", False))
-        cap.chunks.append(data[nl + 1 + m["nb"] : end])
+        resp = data[nl + 1 + m["nb"] : end]
+        if m.get("asm"):
+            rec = orjson.loads(resp)
+            cap.assembled = Assembled(**rec["turn"], **rec["tokens"])
+        else:
+            cap.chunks.append(resp)
         out.append(cap)
         pos = end
     return out

@@ -1,11 +1,9 @@
 """Server-sent events: framing, stripping the fields we asked for, reassembling a turn.
 
-Two very different cost budgets live here. ``StreamTap`` and ``strip_event`` run on the hot path
-(once per upstream read; they parse JSON only when we must strip fields the client did not ask
-for), so they touch only the events that carry those fields and pass every other event through
-byte for byte. The tap does no IO: it is tested alone (tests/proxy/test_tap.py).
-``assemble_stream`` / ``assemble_json`` run in the recorder's worker thread, after the response has
-been sent, and may parse everything.
+``StreamTap`` runs on the hot path, once per upstream read, and does no IO (it is tested alone:
+tests/proxy/test_tap.py). For a recorded turn it parses each event once, with orjson, and builds
+the turn from it as the stream passes; an event it need not change goes to the client as the
+upstream's own bytes. ``assemble_stream`` / ``assemble_json`` run in the recorder's worker thread.
 """
 
 from __future__ import annotations
@@ -59,72 +57,25 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(parts)
 
 
-def strip_obj(obj: Any, added: Added, undo: list | None = None) -> bool:
-    """Remove the fields we added from one response object (chunk or full body). True if changed.
-
-    With ``undo``, records what was removed so ``restore`` can put it back (the hot path strips
-    a chunk, serializes it for the client, then hands the original object to the recorder).
-    """
+def strip_obj(obj: Any, added: Added) -> bool:
+    """Remove the fields we added from one response object (chunk or full body). True if changed."""
     if not isinstance(obj, dict):
         return False
     changed = False
     if added.token_ids and "prompt_token_ids" in obj:
-        v = obj.pop("prompt_token_ids")
-        if undo is not None:
-            undo.append((obj, "prompt_token_ids", v))
+        del obj["prompt_token_ids"]
         changed = True
     for choice in obj.get("choices") or ():
         if not isinstance(choice, dict):
             continue
         if added.token_ids and "token_ids" in choice:
-            v = choice.pop("token_ids")
-            if undo is not None:
-                undo.append((choice, "token_ids", v))
+            del choice["token_ids"]
             changed = True
         if added.logprobs and choice.get("logprobs") is not None:
-            if undo is not None:
-                undo.append((choice, "logprobs", choice["logprobs"]))
             # OpenAI-shaped servers send "logprobs": null when not asked; keep that shape.
             choice["logprobs"] = None
             changed = True
     return changed
-
-
-def restore(undo: list) -> None:
-    for container, key, value in undo:
-        container[key] = value
-
-
-def strip_event(event: bytes, added: Added, sink: list | None = None) -> bytes:
-    """One SSE event with our added fields removed; the original bytes when nothing was added.
-
-    ``sink`` receives what the recorder needs: the parsed (unstripped) chunk when we had to parse
-    it anyway, else the raw event bytes.
-    """
-    if b'token_ids"' not in event and b'"logprobs"' not in event:  # prompt_token_ids too
-        if sink is not None:
-            sink.append(event)
-        return event
-    data = event_data(event)
-    obj = None
-    if data is not None and data != b"[DONE]":
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            obj = None
-    if obj is None:
-        if sink is not None:
-            sink.append(event)
-        return event
-    undo: list = []
-    if not strip_obj(obj, added, undo):
-        out = event
-    else:
-        out = b"data: " + orjson.dumps(obj) + b"\n\n"
-        restore(undo)
-    if sink is not None:
-        sink.append(obj)
-    return out
 
 
 def strip_body(body: bytes, added: Added) -> bytes:
@@ -151,18 +102,19 @@ class StreamTap:
     Bytes pass unchanged unless ``strip`` names fields we added; then whole events are re-framed
     and only those that carry the fields are re-serialized, so at most one unfinished event is
     held back. Along the way it notes the first generated token (``generated``) and the
-    ``[DONE]`` event (``done``: an event whose data is ``[DONE]``, never the text in a chunk),
-    and, with ``keep``, what the recorder needs: the upstream's bytes as received (``chunks``)
-    and, when it had to parse events to strip them, those events unstripped (``events``).
+    ``[DONE]`` event (``done``: an event whose data is ``[DONE]``, never the text in a chunk).
+    With ``keep`` it also builds the turn for the recorder from the events it parses once
+    (``turn()``; the journal then holds that turn, not the raw stream, which is far cheaper to
+    redact), and keeps the upstream's bytes as received (``chunks``) for turns that went wrong.
     """
 
-    __slots__ = ("_strip", "_rest", "chunks", "events", "done", "generated")
+    __slots__ = ("_rest", "_strip", "_turn", "chunks", "done", "generated")
 
     def __init__(self, strip: Added = Added(), keep: bool = True):
         self._strip = strip
         self._rest = b""
+        self._turn = _StreamState() if keep else None
         self.chunks: list[bytes] | None = [] if keep else None
-        self.events: list[bytes | dict[str, Any]] | None = [] if keep and strip else None
         self.done = False
         self.generated = False
 
@@ -170,28 +122,50 @@ class StreamTap:
         """One upstream read in; the bytes to send the client now out."""
         if self.chunks is not None:
             self.chunks.append(data)
-        buf = self._rest + data if self._rest else data
-        events, self._rest = split_events(buf)
-        if not self.generated or (DONE in buf and not self.done):
-            self._scan(events)
+        events, self._rest = split_events(self._rest + data if self._rest else data)
         if not self._strip:
+            for ev in events:
+                self._event(ev)
             return data
-        return b"".join([strip_event(e, self._strip, self.events) for e in events])
+        return b"".join([self._event(ev) for ev in events])
 
     def close(self) -> bytes:
         """The upstream ended: the unfinished last event, if any (an event may end at EOF)."""
         rest, self._rest = self._rest, b""
-        if not rest:
-            return b""
-        self._scan([rest])
-        return strip_event(rest, self._strip, self.events) if self._strip else rest
+        if not rest.strip():
+            return rest
+        return self._event(rest)
 
-    def _scan(self, events: list[bytes]) -> None:
-        for ev in events:
-            if not self.generated and _GENERATED.search(ev):
-                self.generated = True
-            if DONE in ev and (d := event_data(ev)) is not None and d.strip() == DONE:
-                self.done = True
+    def turn(self) -> Assembled | None:
+        """The turn as the events so far tell it (call once, at the end); None without ``keep``."""
+        return self._turn.finish() if self._turn is not None else None
+
+    def _event(self, ev: bytes) -> bytes:
+        """One whole event: noted, added to the turn, stripped; the bytes for the client."""
+        data = event_data(ev)
+        if data is None:
+            return ev
+        if not self.generated and _GENERATED.search(data):
+            self.generated = True
+        if not data.startswith(b"{") and data.strip() == DONE:
+            self.done = True
+            return ev
+        turn, strip = self._turn, self._strip
+        if turn is None and not (strip and (b'token_ids"' in data or b'"logprobs"' in data)):
+            return ev  # prompt_token_ids match too
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            if turn is not None:
+                turn.out.bad_events += 1
+            return ev
+        if turn is not None:
+            turn.chunk(obj)  # before stripping: the recorder wants the token fields
+        if not strip or not strip_obj(obj, strip):
+            return ev
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 # -- reassembly (recorder thread) ----------------------------------------------------------------
@@ -352,39 +326,21 @@ class _StreamState:
 
 
 def assemble_stream(raw: bytes) -> Assembled:
-    """Rebuild one turn from the raw SSE bytes the upstream sent (as received, unstripped)."""
+    """Rebuild one turn from the raw SSE bytes the upstream sent (as received, unstripped); the
+    recorder's way for a turn the tap did not build (one replayed from an older journal)."""
     events, rest = split_events(raw)
     if rest.strip():
         events.append(rest)
-    return assemble_events(events)
-
-
-def assemble_events(events: list[bytes | dict[str, Any]]) -> Assembled:
-    """Rebuild one turn from whole events: raw bytes, or chunks the hot path already parsed."""
-    state = _StreamState()
+    tap = StreamTap()
     for i, ev in enumerate(events):
-        if isinstance(ev, dict):
-            state.chunk(ev)
-            continue
         if i % 16 == 15:
             # Runs in the recorder thread: hand the GIL to the event loop often, or every chunk
             # the proxy forwards meanwhile waits for the interpreter's 5 ms switch interval.
             time.sleep(0)
-        data = event_data(ev)
-        if data is None:
-            continue
-        if data.strip() == b"[DONE]":
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            state.out.bad_events += 1
-            continue
-        if isinstance(obj, dict):
-            state.chunk(obj)
-        else:
-            state.out.bad_events += 1
-    return state.finish()
+        tap._event(ev)
+    turn = tap.turn()
+    assert turn is not None
+    return turn
 
 
 def assemble_json(raw: bytes) -> Assembled:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from clawproxy.proxy.sse import Added, StreamTap, assemble_events, assemble_stream, split_events
+from clawproxy.proxy.sse import Added, StreamTap, assemble_stream
 from tests.rig.fake_upstream import FakeUpstream
 
 BOTH = Added(logprobs=True, token_ids=True)
@@ -35,21 +35,19 @@ def test_without_fields_to_strip_every_byte_passes_as_it_arrives():
         assert [tap.feed(r) for r in reads] == reads  # nothing held back
         assert tap.close() == b""
         assert tap.done and tap.generated
-        assert tap.chunks == reads and tap.events is None
+        assert tap.chunks == reads
 
 
 def test_stripping_is_the_same_however_the_stream_is_cut():
     with_fields, without = _stream(ask_tokens=True), _stream(ask_tokens=False)
-    whole = StreamTap(BOTH)
-    assert _feed(whole, [with_fields]) == without  # the client gets what it would have asked for
+    ref = assemble_stream(with_fields)
+    assert ref.completion_token_ids == [100, 101, 102] and ref.text == "pong: hi part1 part2"
     for reads in _splits(with_fields):
         tap = StreamTap(BOTH)
-        assert _feed(tap, reads) == without
-        assert tap.events == whole.events and tap.done
-        assert b"".join(tap.chunks) == with_fields  # the recorder keeps the unstripped bytes
-    # ... and the recorder rebuilds the same turn from the events the tap parsed as from the bytes.
-    asm, ref = assemble_events(whole.events), assemble_stream(with_fields)
-    assert asm == ref and asm.completion_token_ids == [100, 101, 102] and asm.text == "pong: hi part1 part2"
+        assert _feed(tap, reads) == without  # the client gets what it would have asked for
+        assert tap.done
+        assert tap.turn() == ref  # the recorder gets the turn with the token fields
+        assert b"".join(tap.chunks) == with_fields  # and the unstripped bytes, for a failed turn
 
 
 @pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n", b"\r\r"])
@@ -92,15 +90,24 @@ def test_generated_waits_for_a_token_not_the_role_chunk():
     assert tap.generated
 
 
-def test_bad_json_and_comments_pass_unchanged_and_are_kept_raw():
-    raw = b': keep-alive\n\ndata: {"logprobs": nope}\n\ndata: [DONE]\n\n'
+def test_bad_json_and_comments_pass_unchanged_and_are_counted():
+    raw = b': keep-alive\n\ndata: {"logprobs": nope}\n\ndata: [1]\n\ndata: [DONE]\n\n'
     tap = StreamTap(BOTH)
     assert _feed(tap, [raw[:7], raw[7:]]) == raw
-    assert tap.events == split_events(raw)[0] and tap.done
+    assert tap.done
+    turn = tap.turn()
+    assert turn is not None and (turn.events, turn.bad_events) == (0, 2)
+
+
+def test_the_turn_is_built_without_fields_to_strip_too():
+    raw = _stream(ask_tokens=True)
+    tap = StreamTap()
+    assert _feed(tap, [raw]) == raw
+    assert tap.turn() == assemble_stream(raw)
 
 
 def test_keep_false_keeps_nothing():
     tap = StreamTap(BOTH, keep=False)
     raw = _stream(ask_tokens=True)
     assert _feed(tap, [raw]) == _stream(ask_tokens=False)
-    assert tap.chunks is None and tap.events is None and tap.done
+    assert tap.chunks is None and tap.turn() is None and tap.done
