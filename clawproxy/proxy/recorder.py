@@ -22,6 +22,7 @@ Secret-looking strings are redacted before a record reaches the store, spool or 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sqlite3
@@ -165,19 +166,63 @@ def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, A
     if redactor is not None:
         # The upstream's token fields stay out of it: log-probs name each sampled piece "token".
         tokens = {k: rec.pop(k) for k in _TOKEN_FIELDS if k in rec}
+        body = rec.pop("request_body")
         rec, changed = redactor.tree(rec)
         data = orjson.dumps(rec)
         clean = redactor.bytes(data)
+        if body is not None:
+            clean_body, body_changed = redact_body(redactor, body, None)
+            changed |= body_changed
         if changed or clean != data or cap.redacted:
             # Token ids spell the secret out again; without them the trainer skips the turn.
             tokens = dict.fromkeys(tokens)
         rec = orjson.loads(clean)
+        rec["request_body"] = orjson.loads(clean_body) if body is not None else None
         rec.update(tokens)
         orjson.dumps(tokens)  # they must be storable too
     else:
         rec = orjson.loads(orjson.dumps(rec))
     rec["body_hash"] = body_hash(rec["request_body"]) if rec["request_body"] else None
     return rec
+
+
+def redact_body(redactor: Redactor, body: dict[str, Any] | None, raw: bytes | None) -> tuple[bytes, bool]:
+    """A request body, serialized with its secrets redacted; (the bytes, whether any were found).
+
+    Member by member and message by message, each cached: OpenClaw sends the whole conversation
+    again every turn, so a turn pays for its new messages only. The result is ``body``
+    re-serialized, never ``raw`` (the client's bytes), which may hold what the parse dropped (a
+    duplicate key). A body orjson cannot serialize (nested too deep) is redacted whole, from
+    ``raw`` when nothing needed redacting, as before; serializing it then raises where it must.
+    """
+    if body is not None:
+        try:
+            parts, changed = [], False
+            for k, v in body.items():
+                if k == "messages" and isinstance(v, list):
+                    items = [_redacted_json(redactor, orjson.dumps(m)) for m in v]
+                    changed |= any(c for _, c in items)
+                    parts.append(b'"messages":[' + b",".join([d for d, _ in items]) + b"]")
+                else:
+                    d, c = _redacted_json(redactor, orjson.dumps({k: v}))
+                    changed |= c
+                    parts.append(d[1:-1])  # '"k":v' out of '{"k":v}'
+            return b"{" + b",".join(parts) + b"}", changed
+        except (orjson.JSONEncodeError, TypeError):
+            pass
+    tree, changed = redactor.tree(body) if body is not None else (None, False)
+    data = orjson.dumps(tree) if changed or raw is None else raw
+    clean = redactor.bytes(data)
+    return clean, changed or clean != data
+
+
+@functools.lru_cache(maxsize=512)
+def _redacted_json(redactor: Redactor, data: bytes) -> tuple[bytes, bool]:
+    """One serialized JSON value with its secrets redacted (by structure, then by format)."""
+    tree, changed = redactor.tree(orjson.loads(data))
+    out = orjson.dumps(tree) if changed else data
+    clean = redactor.bytes(out)
+    return clean, changed or clean != data
 
 
 def raw_turn_text(cap: Capture, redactor: Redactor | None) -> str:
@@ -200,12 +245,7 @@ def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
     body = cap.raw_body
     redacted = False
     if redactor is not None:
-        if cap.body is not None:
-            tree, changed = redactor.tree(cap.body)
-            if changed:
-                body = orjson.dumps(tree)
-        body = redactor.bytes(body)
-        redacted = body != cap.raw_body
+        body, redacted = redact_body(redactor, cap.body, cap.raw_body)
     asm = cap.assembled if cap.done else None
     if asm is not None:
         turn = {f.name: getattr(asm, f.name) for f in fields(asm)}
