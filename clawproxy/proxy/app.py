@@ -221,7 +221,7 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     # for the GIL (the convoy effect), which shows up directly as per-chunk latency.
     if sys.getswitchinterval() > SWITCH_INTERVAL_S:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-    recorder = Recorder(app[CONFIG_KEY])
+    recorder = Recorder(app[CONFIG_KEY], busy=lambda: app[STATS_KEY].in_flight > 0)
     await recorder.start()
     app[RECORDER_KEY] = recorder
     yield

@@ -27,6 +27,7 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -46,6 +47,7 @@ log = logging.getLogger("clawproxy.recorder")
 RECORD_SQL_ERRORS = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingError,
                      sqlite3.DataError)
 JOURNAL_MAGIC = b"CJ1 "
+QUIET_WAIT_S = 1.0  # the longest a turn waits to be stored while requests keep the loop busy
 # Text columns a client or upstream can fill with any JSON value: stored as text whatever came.
 _TEXT_FIELDS = ("model", "finish_reason", "error", "response_text", "response_reasoning")
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
@@ -320,8 +322,10 @@ def read_journal(path: Path) -> list[Capture]:
 class Recorder:
     """Journal + bounded queue + owned drain task + single worker thread + spool + quarantine."""
 
-    def __init__(self, cfg: Config, *, reopen_interval_s: float = 2.0, finalize_interval_s: float | None = None):
+    def __init__(self, cfg: Config, *, reopen_interval_s: float = 2.0, finalize_interval_s: float | None = None,
+                 busy: Callable[[], bool] | None = None):
         self.cfg = cfg
+        self.busy = busy  # whether requests are in flight: the worker then waits (QUIET_WAIT_S)
         self.data_dir = cfg.data_path
         self.spool_path = self.data_dir / "spool.jsonl"
         self.journal_path = self.data_dir / "journal.bin"
@@ -422,6 +426,7 @@ class Recorder:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self.queue.get()]
+            await self._quiet_moment()
             while len(batch) < 64 and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             try:
@@ -444,6 +449,17 @@ class Recorder:
                     self._overflowed |= ids
             if self.queue.empty() and not self._overflowed:
                 self._truncate_journal()
+
+    async def _quiet_moment(self) -> None:
+        """Wait until no request is in flight, at most QUIET_WAIT_S and while the queue is less
+        than half full. The worker thread shares the GIL with the event loop: a batch it takes
+        while streams are relayed delays their chunks (every turn is journaled already)."""
+        if self.busy is None:
+            return
+        deadline = time.monotonic() + QUIET_WAIT_S
+        while (self.busy() and time.monotonic() < deadline
+               and self.queue.qsize() < self.queue.maxsize // 2):
+            await asyncio.sleep(0.005)
 
     def _truncate_journal(self) -> None:
         if self._journal_fd is not None and self._journal_bytes:

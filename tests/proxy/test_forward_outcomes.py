@@ -104,3 +104,20 @@ async def test_a_client_hanging_up_mid_stream_is_submitted_once(make_rig, monkey
     await asyncio.sleep(0.2)  # a second submission would come now
     cap = _one(caps)
     assert (cap.status, cap.error) == ("aborted", "client disconnected")
+
+
+async def test_the_recorder_waits_for_a_quiet_moment_but_not_for_ever(rig, monkeypatch):
+    from clawproxy.proxy import recorder as rec_mod
+
+    busy = True
+    monkeypatch.setattr(rig.app[RECORDER_KEY], "busy", lambda: busy)
+    monkeypatch.setattr(rec_mod, "QUIET_WAIT_S", 0.6)
+    await rig.chat(BODY)
+    await asyncio.sleep(0.3)
+    assert (await rig.stats())["turns_recorded"] == 0  # streams are relayed: the store waits
+    await rig.wait_recorded(1, timeout=2.0)  # ... at most QUIET_WAIT_S
+    busy = False
+    t0 = time.monotonic()
+    await rig.chat(BODY)
+    await rig.wait_recorded(2, timeout=2.0)
+    assert time.monotonic() - t0 < 0.5  # nothing in flight: at once
