@@ -262,8 +262,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 n = 32 * args.sat_per_worker
                 wall: dict[str, float] = {}
                 for k, url in urls.items():
+                    cpu0 = _cpu_s(px_proc.pid)
                     lat[k], _, wall[k] = await b.run(s, url, 32, args.sat_per_worker, 64, 0)
                     note(f"{k}_sat_rps", n / wall[k])
+                    if k == "clawproxy":  # its recording included: wait until it is all stored
+                        await _drain(s, proxy)
+                        note("sat_cpu_ms_per_request", (_cpu_s(px_proc.pid) - cpu0) / n * 1e3)
                 note("direct_sat_p99_ms", _pct(lat["direct"], .99) * 1e3)
                 for k in others:
                     note(f"{k}_sat_ratio", wall["direct"] / wall[k])
@@ -299,7 +303,8 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"    C=32 unpaced          : {med[f'{k}_sat_rps']:.1f} req/s, ratio to direct "
               f"{med[f'{k}_sat_ratio']:.2f}, p99 added {med[f'{k}_sat_p99_added_ms']:.1f} ms   "
               "target >= 0.6, <= 30 ms")
-    print(f"  clawproxy CPU {med['paced_cpu_s_per_1000_chunks']:.4f} s / 1000 chunks (paced); "
+    print(f"  clawproxy CPU {med['paced_cpu_s_per_1000_chunks']:.4f} s / 1000 chunks (paced), "
+          f"{med['sat_cpu_ms_per_request']:.2f} ms per request with its recording (C=32 unpaced); "
           f"recorder: {stats['turns_recorded']} turns recorded, queue {stats['queue_depth']}, "
           f"spool {stats['spool_records']}, lost {stats['turns_lost']}")
     print(f"  machine: {os.cpu_count()} CPUs, load average {load0} at start, "
