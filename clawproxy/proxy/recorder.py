@@ -240,15 +240,15 @@ def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
     """One journal record: meta line, request body, response; with ``redactor``, the body and the
     response are redacted first (by structure and by format), so no secret reaches the disk.
 
-    A stream that ended with ``[DONE]`` is journaled as the turn the tap built (a few hundred bytes
-    of text to redact, where the raw stream is tens of KB of envelopes); any other response as the
-    upstream's bytes. Token ids and log-probs stay out of the redaction, as in ``parse_capture``.
+    A 2xx stream is journaled as the turn the tap built (a few hundred bytes of text to redact,
+    where the raw stream is tens of KB of envelopes); any other response as the upstream's bytes,
+    which the recorder may need for the error. Token ids and log-probs stay out of the redaction, as in ``parse_capture``.
     """
     body = cap.raw_body
     redacted = False
     if redactor is not None:
         body, redacted = redact_body(redactor, cap.body, cap.raw_body)
-    asm = cap.assembled if cap.done else None
+    asm = cap.assembled if cap.http_status is not None and cap.http_status < 400 else None
     if asm is not None:
         turn = {f.name: getattr(asm, f.name) for f in fields(asm)}
         tokens = {k: turn.pop(k) for k in _TOKEN_FIELDS}

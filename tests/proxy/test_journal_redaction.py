@@ -1,14 +1,23 @@
-"""redact_body: the journal's and the record's request body, redacted message by message with a
-cache, finds every secret the whole-body redaction finds, and pays for new messages only."""
+"""What the journal redacts on the request path: the request body message by message with a cache
+(redact_body: every secret the whole-body redaction finds, paying for new messages only), and the
+turn the tap built rather than the raw stream."""
 
 from __future__ import annotations
 
 import random
+import time
 
 import orjson
 
-from clawproxy.proxy.recorder import _redacted_json, redact_body
+from clawproxy.proxy.recorder import (
+    Capture,
+    _redacted_json,
+    journal_entry,
+    read_journal,
+    redact_body,
+)
 from clawproxy.proxy.redact import Redactor
+from clawproxy.proxy.sse import Added, StreamTap
 from tests.rig.secret_shapes import CLEAN, shapes
 
 
@@ -58,3 +67,25 @@ def test_a_body_too_deep_to_serialize_is_redacted_whole():
     raw = b'{"messages":[{"role":"user","content":"x"}],"extra":' + b"[" * 301 + b"]" * 301 + b"}"
     out, changed = redact_body(Redactor(), body, raw)
     assert out == raw and not changed
+
+
+def test_a_secret_streamed_across_events_never_reaches_the_journal(tmp_path):
+    secret = "sk-" + "a1B2c3D4" * 4
+    pieces = ["my key is ", secret[:9], secret[9:], " ok"]
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "key?"}]}
+    cap = Capture("r1", time.time(), "/v1/chat/completions", time.perf_counter(), body=body,
+                  raw_body=orjson.dumps(body), stream=True, http_status=200)
+    tap = StreamTap(Added(logprobs=True, token_ids=True))
+    for i, p in enumerate(pieces):
+        tap.feed(b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": p},
+                                                         "token_ids": [i]}]}) + b"\n\n")
+    tap.feed(b"data: [DONE]\n\n")
+    cap.chunks, cap.assembled, cap.done = tap.chunks, tap.turn(), tap.done
+    cap.finish("ok")
+    entry = journal_entry(cap, Redactor())
+    assert secret[9:].encode() not in entry and secret[:9].encode() not in entry
+    assert secret[9:].encode() in b"".join(cap.chunks)  # the raw events held it, in pieces
+    (tmp_path / "journal.bin").write_bytes(entry)
+    (back,) = read_journal(tmp_path / "journal.bin")
+    assert back.assembled is not None and back.assembled.text == "my key is [REDACTED] ok"
+    assert back.redacted  # its token ids go at replay
