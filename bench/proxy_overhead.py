@@ -1,11 +1,12 @@
 """What does the recording proxy add? Direct vs clawproxy vs nginx, same run, same fake upstream.
 
-    .venv/bin/python bench/proxy_overhead.py [--rounds 3] [--body-kb 8] [--no-nginx]
+    .venv/bin/python bench/proxy_overhead.py [--rounds 3] [--body-kb 8] [--no-nginx] [--against DIR]
 
 The fake upstream (tests/rig/fake_upstream.py), the proxy (``python -m clawproxy.proxy``, recording
 on, token fields requested and stripped) and, when ``nginx`` is on PATH, an nginx reverse proxy
 (one worker, ``proxy_buffering off``, keep-alive to the upstream) each run in their own process;
-this process is the client. Requests sent direct or through nginx ask for the token fields
+this process is the client. ``--against DIR`` adds the proxy of another checkout (before/after in
+one run, under the same load). Requests sent direct or through nginx ask for the token fields
 themselves, so the upstream does the same work in every run and only the proxy's cost shows. Each
 scenario runs direct, clawproxy and nginx back to back; figures are medians over rounds.
 
@@ -173,6 +174,11 @@ def _start_nginx(up_port: str, port: int) -> subprocess.Popen:
                             stderr=subprocess.STDOUT)
 
 
+async def _drain_all(s: aiohttp.ClientSession, proxies: dict[str, tuple[subprocess.Popen, str]]) -> None:
+    for _, url in proxies.values():
+        await _drain(s, url)
+
+
 async def _drain(s: aiohttp.ClientSession, proxy: str) -> None:
     """Wait until the recorder has caught up, so one scenario's backlog does not tax the next."""
     for _ in range(600):
@@ -199,6 +205,19 @@ async def main_async(args: argparse.Namespace) -> None:
     path = "/v1/chat/completions"
     # The targets, measured back to back in every scenario; "direct" is the baseline.
     urls = {"direct": upstream + path, "clawproxy": proxy + path}
+    # The recording proxies: this checkout's, and --against's (the same noise for both).
+    proxies = {"clawproxy": (px_proc, proxy)}
+    if args.against:
+        bport = reserve_port()
+        base = str(Path(args.against).resolve())
+        b_proc = subprocess.Popen(
+            [py, "-m", "clawproxy.proxy", "--upstream", upstream, "--port", str(bport), "--data-dir",
+             tempfile.mkdtemp(prefix="clawproxy-bench-"), "--log-level", "WARNING"], cwd=base,
+            stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": base,
+                                            "CLAWPROXY_EVENT_LOOP": args.event_loop})
+        procs.insert(0, b_proc)
+        proxies["against"] = (b_proc, f"http://127.0.0.1:{bport}")
+        urls["against"] = proxies["against"][1] + path
     if args.nginx and shutil.which("nginx"):
         nport = reserve_port()
         procs.insert(0, _start_nginx(up_port, nport))
@@ -214,7 +233,8 @@ async def main_async(args: argparse.Namespace) -> None:
         results.setdefault(k, []).append(v)
 
     try:
-        await wait_ok(proxy + "/clawproxy/health")
+        for _, base_url in proxies.values():
+            await wait_ok(base_url + "/clawproxy/health")
         if "nginx" in urls:
             await wait_ok(urls["nginx"].replace(path, "/v1/models"))
         conn = aiohttp.TCPConnector(limit=0)
@@ -222,7 +242,7 @@ async def main_async(args: argparse.Namespace) -> None:
             for url in urls.values():  # warm up connections and code paths
                 await b.run(s, url, 8, 5, 64, 0)
             for rnd in range(args.rounds):
-                await _drain(s, proxy)
+                await _drain_all(s, proxies)
                 # 1. C=1 unpaced: the targets take turns request by request.
                 lat: dict[str, list[float]] = {k: [] for k in urls}
                 ttfb: dict[str, list[float]] = {k: [] for k in urls}
@@ -237,19 +257,19 @@ async def main_async(args: argparse.Namespace) -> None:
                     note(f"{k}_c1_p99_added_ms", (_pct(lat[k], .99) - _pct(lat["direct"], .99)) * 1e3)
                     note(f"{k}_c1_ttfb_delta_ms", (_pct(ttfb[k], .5) - _pct(ttfb["direct"], .5)) * 1e3)
 
-                await _drain(s, proxy)
+                await _drain_all(s, proxies)
                 # 2. C=32 paced like a model: 20 ms between chunks. Added latency per chunk: the
                 # upstream stamps each chunk, the client measures when it arrives.
                 chunk: dict[str, list[float]] = {}
                 stream: dict[str, list[float]] = {}
                 for k, url in urls.items():
                     chunk[k] = []
-                    cpu0 = _cpu_s(px_proc.pid)
+                    cpu0 = _cpu_s(proxies[k][0].pid) if k in proxies else 0.0
                     stream[k], _, _ = await b.run(s, url, 32, args.paced_waves, 64, 20, chunk[k])
-                    if k == "clawproxy":
+                    if k in proxies:
                         # 64 content chunks + role, finish, usage and [DONE] events per stream.
-                        note("paced_cpu_s_per_1000_chunks",
-                             (_cpu_s(px_proc.pid) - cpu0) / (32 * args.paced_waves * 68 / 1000))
+                        note(f"{k}_paced_cpu_s_per_1000_chunks",
+                             (_cpu_s(proxies[k][0].pid) - cpu0) / (32 * args.paced_waves * 68 / 1000))
                 note("paced_direct_chunk_p50_ms", _pct(chunk["direct"], .5))
                 for k in others:
                     note(f"{k}_paced_p50_added_ms", _pct(chunk[k], .5) - _pct(chunk["direct"], .5))
@@ -257,24 +277,24 @@ async def main_async(args: argparse.Namespace) -> None:
                     note(f"{k}_paced_stream_p50_added_ms",
                          (_pct(stream[k], .5) - _pct(stream["direct"], .5)) * 1e3)
 
-                await _drain(s, proxy)
+                await _drain_all(s, proxies)
                 # 3. C=32 unpaced saturation.
                 n = 32 * args.sat_per_worker
                 wall: dict[str, float] = {}
                 for k, url in urls.items():
-                    cpu0 = _cpu_s(px_proc.pid)
+                    cpu0 = _cpu_s(proxies[k][0].pid) if k in proxies else 0.0
                     lat[k], _, wall[k] = await b.run(s, url, 32, args.sat_per_worker, 64, 0)
                     note(f"{k}_sat_rps", n / wall[k])
-                    if k == "clawproxy":  # its recording included: wait until it is all stored
-                        await _drain(s, proxy)
-                        note("sat_cpu_ms_per_request", (_cpu_s(px_proc.pid) - cpu0) / n * 1e3)
+                    if k in proxies:  # its recording included: wait until it is all stored
+                        await _drain(s, proxies[k][1])
+                        note(f"{k}_sat_cpu_ms_per_request", (_cpu_s(proxies[k][0].pid) - cpu0) / n * 1e3)
                 note("direct_sat_p99_ms", _pct(lat["direct"], .99) * 1e3)
                 for k in others:
                     note(f"{k}_sat_ratio", wall["direct"] / wall[k])
                     note(f"{k}_sat_p99_added_ms", (_pct(lat[k], .99) - _pct(lat["direct"], .99)) * 1e3)
                 print(f"round {rnd + 1}: " + ", ".join(f"{k}={v[-1]:.3f}" for k, v in results.items()),
                       flush=True)
-            await _drain(s, proxy)
+            await _drain_all(s, proxies)
             async with s.get(proxy + "/clawproxy/stats") as r:
                 stats = await r.json()
     finally:
@@ -303,9 +323,11 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"    C=32 unpaced          : {med[f'{k}_sat_rps']:.1f} req/s, ratio to direct "
               f"{med[f'{k}_sat_ratio']:.2f}, p99 added {med[f'{k}_sat_p99_added_ms']:.1f} ms   "
               "target >= 0.6, <= 30 ms")
-    print(f"  clawproxy CPU {med['paced_cpu_s_per_1000_chunks']:.4f} s / 1000 chunks (paced), "
-          f"{med['sat_cpu_ms_per_request']:.2f} ms per request with its recording (C=32 unpaced); "
-          f"recorder: {stats['turns_recorded']} turns recorded, queue {stats['queue_depth']}, "
+        if k in proxies:
+            print(f"    CPU                   : {med[f'{k}_paced_cpu_s_per_1000_chunks']:.4f} s / 1000 "
+                  f"chunks (paced), {med[f'{k}_sat_cpu_ms_per_request']:.2f} ms per request with its "
+                  "recording (C=32 unpaced)")
+    print(f"  clawproxy recorder: {stats['turns_recorded']} turns recorded, queue {stats['queue_depth']}, "
           f"spool {stats['spool_records']}, lost {stats['turns_lost']}")
     print(f"  machine: {os.cpu_count()} CPUs, load average {load0} at start, "
           f"{Path('/proc/loadavg').read_text().split()[0]} at end")
@@ -322,6 +344,9 @@ def main() -> None:
                     help="the proxy's event loop (CLAWPROXY_EVENT_LOOP; auto = uvloop when installed)")
     ap.add_argument("--no-nginx", dest="nginx", action="store_false",
                     help="skip the nginx anchor even when nginx is on PATH")
+    ap.add_argument("--against", metavar="CHECKOUT", default=None,
+                    help="also measure the proxy of another checkout (a `git worktree add` of main) "
+                         "in the same run, as target 'against': before/after under the same load")
     asyncio.run(main_async(ap.parse_args()))
 
 
