@@ -727,17 +727,17 @@ class _StreamEnd:
                 async for data in self.up.content.iter_any():
                     await self.resp.write(data)
             await self.resp.write_eof()
-        except BaseException as e:
+        except (asyncio.CancelledError, ConnectionResetError) as e:  # the client left
+            request.app[STATS_KEY].aborted += 1  # its turn is recorded already, as it finished
+            t.aborted = True
             if self.up is not None:
                 self.up.close()
-            if isinstance(e, (asyncio.CancelledError, ConnectionResetError)):
-                request.app[STATS_KEY].aborted += 1  # the client left; its turn is recorded already
-                t.aborted = True
-            elif isinstance(e, (TimeoutError, aiohttp.ClientError)):
-                log.warning("upstream failed after the turn ended: %s: %s", type(e).__name__, e)
-                return
-            if not isinstance(e, ConnectionResetError):
+            if isinstance(e, asyncio.CancelledError):
                 raise
+        except (TimeoutError, aiohttp.ClientError) as e:  # ClientConnectionResetError went above
+            log.warning("upstream failed after the turn ended: %s: %s", type(e).__name__, e)
+            if self.up is not None:
+                self.up.close()
         finally:
             if self.up is not None:
                 self.up.release()
