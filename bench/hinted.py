@@ -51,17 +51,18 @@ async def _answer_via(url: str, texts: list[str], model: str | None, max_tokens:
     """Greedy answers from an OpenAI-compatible engine, the user message alone (as ``generate``)."""
     import aiohttp
 
-    from clawproxy.simulate.driver import stream_chat, v1
+    from clawproxy.httpjson import strip_v1
+    from clawproxy.simulate.driver import stream_chat
 
     async with aiohttp.ClientSession() as http:
         if model is None:
-            async with http.get(v1(url) + "/models") as r:
+            async with http.get(strip_v1(url) + "/v1/models") as r:
                 model = (await r.json())["data"][0]["id"]
 
         async def one(text: str):
             body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
                     "max_completion_tokens": max_tokens, "temperature": 0.0}
-            return await stream_chat(http, v1(url) + "/chat/completions", body, {}, 900.0)
+            return await stream_chat(http, strip_v1(url) + "/v1/chat/completions", body, {}, 900.0)
 
         return await asyncio.gather(*(one(t) for t in texts))
 
