@@ -10,10 +10,9 @@ and grades each answer with the persona's check and the benchmark's real-answer 
     .venv/bin/python bench/hinted.py                        # every persona, 8 train prompts
     .venv/bin/python bench/hinted.py --persona bullets --prompts 16
 
-Measured on the default model (SmolLM2-135M-Instruct), ``--prompts 16``: told to stay under 40
-words it does in 11 of 16 answers (0 untold), which is why the concise persona is learned. Told to use
-bullet points it does in 3 of 16 (0 untold) and 6 of 16 answers loop; told to drop the filler, 13 of
-16 are filler-free (11 untold) but 7 loop; it never writes the sign-off line.
+    .venv/bin/python bench/hinted.py --engine-url http://127.0.0.1:8000 --model qwen2.5-coder-1.5b
+
+Figures: the README's Figures table (the 1.5B through vLLM, and SmolLM2-135M in process).
 """
 
 from __future__ import annotations
