@@ -137,4 +137,20 @@ MIGRATIONS: list[str] = [
     """
     UPDATE turns SET reason = 'ok' WHERE trainable = 1 AND reason IS NOT 'ok';
     """,
+    # v6 (users): many people on one server, each with their own adapter (clawproxy/users.py).
+    # ``user`` NULL everywhere is the one user of a proxy with no users; a checkpoint with user NULL
+    # is the shared adapter (the only one when there are no users).
+    """
+    CREATE TABLE users (
+        name        TEXT PRIMARY KEY,
+        key_hash    TEXT UNIQUE,             -- HMAC-SHA256(data dir secret, API key) in hex, never the key
+        shared      INTEGER NOT NULL DEFAULT 0,  -- 1: their samples also train the shared adapter
+        created_at  REAL NOT NULL
+    );
+    ALTER TABLE sessions ADD COLUMN user TEXT;
+    ALTER TABLE turns ADD COLUMN user TEXT;
+    ALTER TABLE train_steps ADD COLUMN user TEXT;   -- whose adapter the step trained (NULL: shared)
+    ALTER TABLE checkpoints ADD COLUMN user TEXT;   -- whose adapter this is (NULL: shared)
+    CREATE INDEX turns_user ON turns(user, trainable, kind);
+    """,
 ]

@@ -20,17 +20,29 @@ _CANDIDATES = f"""
 
 class Training(Core):
     # -- checkpoints ------------------------------------------------------------------------------
-    def serving_checkpoint(self) -> dict[str, Any] | None:
-        """The newest published checkpoint, the one the engine serves: version, path, kind,
-        created_at (when it was published) and gate; None: the base model serves."""
+    def serving_checkpoint(self, owner: str | None = None) -> dict[str, Any] | None:
+        """The newest published checkpoint of ``owner``'s adapter (None: the shared one, the only
+        one with no users): version, path, kind, created_at (when it was published) and gate;
+        None: there is none."""
         return self.query_one(
             "SELECT version, path, kind, created_at, gate FROM checkpoints WHERE status='published' "
-            "ORDER BY version DESC LIMIT 1"
+            "AND user IS ? ORDER BY version DESC LIMIT 1", (owner,)
         )
 
-    def latest_weight_version(self) -> int:
-        """The serving checkpoint's version, 0 for the base model."""
-        row = self.serving_checkpoint()
+    def adapter_for(self, user: str | None) -> dict[str, Any] | None:
+        """The checkpoint that serves ``user``: their own newest, else the shared one if they share
+        (an opted-out user never gets weights trained on others' turns), else None (the base model)."""
+        if user is None:
+            return self.serving_checkpoint()
+        own = self.serving_checkpoint(user)
+        if own is not None:
+            return own
+        row = self.query_one("SELECT shared FROM users WHERE name=?", (user,))
+        return self.serving_checkpoint() if row is not None and row["shared"] else None
+
+    def latest_weight_version(self, user: str | None = None) -> int:
+        """The version serving ``user`` (``adapter_for``), 0 for the base model."""
+        row = self.adapter_for(user)
         return int(row["version"]) if row else 0
 
     def checkpoint(self, version: int) -> dict[str, Any] | None:
