@@ -1,7 +1,8 @@
 """Batches from the store: judged main turns as the engine sampled them, filtered with reasons.
 
 A candidate is a judged turn in state ``ok`` (``clawproxy/store/lifecycle.py``) with no row in
-``trained_samples`` or ``skipped_samples``. The model input is the recorded ``prompt_token_ids`` +
+``trained_samples`` (for the adapter being trained: each user's own, and the shared one that the
+turns of no user and of users who share train) or ``skipped_samples``. The model input is the recorded ``prompt_token_ids`` +
 ``completion_token_ids`` with the recorded ``completion_logprobs`` as the behaviour policy: never a
 re-rendered chat template (a re-render drifts from what the model saw: docs/openclaw-wire.md). Only the OPD teacher's prompt is rendered, because it must
 contain the hint; the completion ids appended to it are the recorded ones, unchanged.
@@ -83,9 +84,12 @@ def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
     return "rl_opd" if (row["hint"] or "").strip() else "rl"
 
 
-def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000) -> Selection:
-    """Read untrained judged candidates (oldest first) and split them into samples and rejects."""
-    rows = store.training_candidates(limit)
+def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000, *,
+                   owner: str | None = None) -> Selection:
+    """Read the candidates of ``owner``'s adapter (None: the shared one; ``Store.training_candidates``),
+    oldest first, and split them into samples and rejects. ``current_version`` is where staleness
+    is counted from on that owner's chain (``Store.stale_below`` + ``max_staleness``)."""
+    rows = store.training_candidates(limit, owner, stale_below=current_version - cfg.max_staleness)
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:

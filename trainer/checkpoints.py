@@ -6,7 +6,9 @@ Layout: ``<data_dir>/checkpoints/v<N>/`` holds a Hugging Face model directory (`
 ``resolve_model``); it has no row and is never deleted.
 
 The ``checkpoints`` table is the source of truth for "what is serving": the current version is the
-highest ``published`` row. A rollback publishes a *new* version number whose row points at the old
+highest ``published`` row of an owner's adapter (``user`` NULL: the shared adapter, the only one with
+no users; a user's adapter is served under ``clawproxy.users.adapter_name``). Versions are one
+sequence over all owners, so ``v<N>`` directories never collide. A rollback publishes a *new* version number whose row points at the old
 directory, so versions only grow (staleness arithmetic stays valid) and the history shows the
 rollback as its own step.
 
@@ -30,6 +32,7 @@ from clawproxy.engine.client import TRANSIENT
 from clawproxy.engine.model import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
+from clawproxy.users import adapter_name
 
 
 @dataclass
@@ -47,9 +50,10 @@ def checkpoints_root(data_dir: Path) -> Path:
     return Path(data_dir) / "checkpoints"
 
 
-def current_version(store: Store, base_dir: Path) -> Version:
-    """What the engine should be serving: the newest published checkpoint, else the base model."""
-    row = store.serving_checkpoint()
+def current_version(store: Store, base_dir: Path, owner: str | None = None) -> Version:
+    """What serves ``owner`` (None: the shared adapter): their newest published checkpoint, else
+    the shared one if they share, else the base model (``Store.adapter_for``)."""
+    row = store.adapter_for(owner)
     if row is None:
         return Version(0, Path(base_dir), "full")
     return Version(int(row["version"]), Path(row["path"]), row["kind"])
@@ -89,14 +93,19 @@ def write_atomically(out_dir: Path, save: Any) -> Path:
 
 
 def prune(store: Store, keep: int, root: Path) -> list[int]:
-    """Delete the directories of published versions older than the newest ``keep``; mark them deleted.
+    """Delete the directories of each owner's published versions older than their newest ``keep``;
+    mark them deleted.
 
     A directory still referenced by a kept row (a rollback points at an old dir) stays on disk, and
     only directories under ``root`` (the trainer's checkpoints) are ever deleted: a rollback to v0
     records the base model's directory, which is the user's model, not ours.
     """
-    rows = store.published_checkpoints()
-    kept, old = rows[:keep], rows[keep:]
+    kept: list[dict[str, Any]] = []
+    old: list[dict[str, Any]] = []
+    seen: dict[str | None, int] = {}
+    for r in store.published_checkpoints():  # newest first
+        seen[r["user"]] = seen.get(r["user"], 0) + 1
+        (kept if seen[r["user"]] <= keep else old).append(r)
     kept_paths = {r["path"] for r in kept}
     root = Path(root).resolve()
     deleted = []
@@ -126,30 +135,39 @@ def publish_lock(store: Store) -> Iterator[None]:
 
 
 def rollback(
-    store: Store, engine: Any | None, base_dir: Path, target: int | None = None
+    store: Store, engine: Any | None, base_dir: Path, target: int | None = None, owner: str | None = None
 ) -> tuple[int, Version]:
-    """Serve an earlier checkpoint again, recorded as a new version. Returns (new_version, source).
+    """Serve an earlier checkpoint of ``owner``'s adapter (None: the shared one) again, recorded as
+    a new version of that adapter. Returns (new_version, source).
 
-    ``target`` None means the version before the current one. The engine reloads first; only a
-    reload that worked is recorded (a refused one raises EngineError, the engine is given the
-    current version back, and nothing is recorded).
+    ``target`` None means that owner's version before their current one; another owner's version
+    is refused. The engine reloads first; only a reload that worked is recorded (a refused one
+    raises EngineError, the engine is given the current version back, and nothing is recorded).
     """
     with publish_lock(store):
-        return _rollback(store, engine, base_dir, target)
+        return _rollback(store, engine, base_dir, target, owner)
 
 
-def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | None) -> tuple[int, Version]:
-    current = current_version(store, base_dir)
+def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | None,
+              owner: str | None) -> tuple[int, Version]:
+    whose = "the shared adapter" if owner is None else f"user {owner}'s adapter"
+    own = store.serving_checkpoint(owner)
+    if owner is not None and own is None:
+        raise ConfigError(f"{whose} has no checkpoint yet; nothing to roll back.")
+    current = current_version(store, base_dir, owner)
     if target is None:
-        target = store.published_before(current.version) or 0
+        target = store.published_before(current.version, owner) or 0
     if target == current.version:
-        raise ConfigError(f"v{target} is already the current version.")
+        raise ConfigError(f"v{target} is already the current version of {whose}.")
+    row = store.checkpoint(target) if target else None
+    if row is not None and row["user"] != owner:
+        raise ConfigError(f"v{target} is not a version of {whose}; `clawproxy stats` lists the versions.")
     source = version_info(store, target, base_dir)
     new = next_version(store)
     if engine is not None:
-        publish(engine, Version(new, source.path, source.kind), current, base_dir)
+        publish(engine, Version(new, source.path, source.kind), current, base_dir, owner)
     store.record_rollback(new, str(source.path), source.kind, target=target, from_version=current.version,
-                          engine=engine is not None)
+                          engine=engine is not None, owner=owner)
     return new, source
 
 
@@ -213,42 +231,64 @@ def is_refusal(err: EngineError) -> bool:
     return err.status not in TRANSIENT
 
 
-def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None = None) -> None:
-    """Validate ``new``, load it into the engine; after a failed load put ``last_good`` back.
+@contextmanager
+def as_adapter(engine: Any, owner: str | None) -> Iterator[Any]:
+    """``engine`` loading LoRA adapters under ``owner``'s adapter name for the duration."""
+    shared = engine.lora_name
+    engine.lora_name = shared if owner is None else adapter_name(owner, shared)
+    try:
+        yield engine
+    finally:
+        engine.lora_name = shared
+
+
+def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None = None,
+            owner: str | None = None) -> None:
+    """Validate ``new``, load it into the engine as ``owner``'s adapter; after a failed load put
+    ``last_good`` back.
 
     Raises CheckpointInvalid (the engine was not asked) or the engine's EngineError (the engine
     serves ``last_good`` again, or, if even that failed, the message says so)."""
     validate_checkpoint(new.path, new.kind, base_dir)
-    try:
-        engine.load_weights(str(new.path), new.version, lora=new.lora)
-    except EngineError as err:
-        if new.lora and not last_good.lora:
-            raise  # a refused adapter never touched the base weights that serve
+    with as_adapter(engine, owner):
         try:
-            engine.load_weights(str(last_good.path), last_good.version, lora=last_good.lora)
-        except EngineError as again:
-            err.message += f"; reloading v{last_good.version} failed too: {again.message}"
-        raise err from None
+            engine.load_weights(str(new.path), new.version, lora=new.lora)
+        except EngineError as err:
+            if new.lora and not last_good.lora:
+                raise  # a refused adapter never touched the base weights that serve
+            try:
+                engine.load_weights(str(last_good.path), last_good.version, lora=last_good.lora)
+            except EngineError as again:
+                err.message += f"; reloading v{last_good.version} failed too: {again.message}"
+            raise err from None
 
 
-def engine_serves(engine: Any, current: Version) -> bool:
-    """Whether the engine serves ``current``: a vLLM with a LoRA version lists the adapter with
-    this path; otherwise the engine's weight version matches."""
+def engine_serves(engine: Any, current: Version, owner: str | None = None) -> bool:
+    """Whether the engine serves ``current`` for ``owner``: a vLLM with a LoRA version lists the
+    owner's adapter with this path; otherwise the engine's weight version matches."""
     if current.lora and getattr(engine, "kind", "embedded") == "vllm":
-        return engine.served_adapters().get(engine.lora_name) == str(current.path)
+        name = engine.lora_name if owner is None else adapter_name(owner, engine.lora_name)
+        return engine.served_adapters().get(name) == str(current.path)
     return engine.weight_version() == current.version
 
 
 def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
-    """Reload the current version into an engine that restarted on the base model. True if reloaded."""
-    current = current_version(store, base_dir)
-    try:
-        if engine_serves(engine, current):
-            return False
-        serving = engine.weight_version()
-    except EngineError:
-        return False
-    engine.load_weights(str(current.path), current.version, lora=current.lora)
-    store.log_event("reload", {"reason": "engine serves a different version", "serving": serving,
-                               "version": current.version})
-    return True
+    """Reload the current version of each adapter into an engine that restarted on the base model
+    (the shared one, and each user's own). True if any was reloaded."""
+    reloaded = False
+    for owner in store.owners():
+        if owner is not None and store.serving_checkpoint(owner) is None:
+            continue  # served the shared adapter or the base model: nothing of theirs to load
+        current = current_version(store, base_dir, owner)
+        try:
+            if engine_serves(engine, current, owner):
+                continue
+            serving = engine.weight_version()
+        except EngineError:
+            continue
+        with as_adapter(engine, owner):
+            engine.load_weights(str(current.path), current.version, lora=current.lora)
+        event = {"reason": "engine serves a different version", "serving": serving, "version": current.version}
+        store.log_event("reload", event if owner is None else {**event, "user": owner})
+        reloaded = True
+    return reloaded

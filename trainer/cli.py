@@ -119,32 +119,38 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
 @click.option("--engine-url", default=None,
               help="Engine to reload (default: proxy.upstream, else engine.host:engine.port).")
 @click.option("--no-engine", is_flag=True, help="Only record the rollback; the engine picks it up later.")
-def rollback(version, config_path, data_dir, engine_url, no_engine) -> None:
+@click.option("--user", "user", default=None, metavar="NAME",
+              help="Roll back this user's adapter (default: the shared one, the only one with no users).")
+def rollback(version, config_path, data_dir, engine_url, no_engine, user) -> None:
     """Reload an earlier checkpoint into the engine (default: the one before the current).
 
     Recorded as a new weight version that points at the old weights, plus a rollback event; a
-    running trainer follows it.
+    running trainer follows it. Only one adapter's chain moves: the shared one, or ``--user``'s.
     """
     from clawproxy.engine.model import resolve_model
-    from clawproxy.errors import ClawproxyError
+    from clawproxy.errors import ClawproxyError, ConfigError
     from clawproxy.store import Store
     from trainer.checkpoints import rollback as do_rollback
     from trainer.loop import local_model_dir
 
     cfg = build_config(config_path, data_dir)
     store = Store(cfg.db_path)
+    if user is not None and store.get_user(user) is None:
+        store.close()
+        raise ConfigError(f"no user {user!r} in this data dir.")
     try:
         url = None if no_engine else (engine_url or cfg.engine_url)
         engine = _engine(cfg, url, store)
         base_dir = local_model_dir(resolve_model(cfg.engine.model, cfg.data_path))
-        new, source = do_rollback(store, engine, base_dir, version)
+        new, source = do_rollback(store, engine, base_dir, version, owner=user)
     except ClawproxyError as e:
         if no_engine:
             raise
         raise type(e)(f"{e.message} (is the engine running? --engine-url, or --no-engine)", status=e.status) from e
     finally:
         store.close()
-    click.echo(f"now serving v{new} = the weights of v{source.version} ({source.path})")
+    whose = "" if user is None else f" to {user}"
+    click.echo(f"now serving v{new}{whose} = the weights of v{source.version} ({source.path})")
 
 
 def collect_stats(store: Any) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
     Trainer(cfg, store, engine)      load the serving version's weights (crash-safe resume)
     Trainer.run(follow, steps)       loop:
-        collect()                      the main process reads the store: the serving version (a
-                                       rollback made elsewhere?), the next batch_size useful samples,
-                                       their RL baselines and the learning rate; every process gets
-                                       the same Batch and follows the serving version
+        collect()                      the main process reads the store: whose adapter trains next
+                                       (the owner with a full batch waiting longest), its serving
+                                       version (a rollback made elsewhere?), the next batch_size useful
+                                       samples, their RL baselines and the learning rate; every process
+                                       gets the same Batch and loads that owner's serving weights
         train_step(policy, optimizer, batch, cfg)
                                        one pure function: teacher pass, clipped surrogate, backward,
                                        clip, AdamW step; its figures in one StepMetrics record
@@ -13,6 +14,11 @@
         publish                        the main process writes checkpoint v<N+1> (atomic), reloads the
                                        engine and records the step; every process gets the outcome.
                                        A refused or failed step restores the last published weights.
+
+Owners: with users (``clawproxy/users.py``) each user has an adapter of their own and there is a
+shared one (owner None, the only one with no users). A step trains one owner's adapter on that
+owner's samples only (``Store.training_candidates``) and publishes it under the owner's adapter
+name; a user's first adapter starts from the shared one if they share, else from a fresh LoRA.
 
 The engine keeps serving throughout: this is its own process, and the only contact is
 ``checkpoints.publish`` (validate, then pause-keep, reload, resume; the last good version back
@@ -47,7 +53,7 @@ import torch
 
 from clawproxy.config import Config
 from clawproxy.engine.model import torch_dtype
-from clawproxy.errors import EngineError
+from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from trainer import gate
 from trainer.batch import Sample, select_samples, teacher_prompt_ids
@@ -76,6 +82,7 @@ from trainer.losses import (
 from trainer.policy import (
     TEACHER_ADAPTER,
     Teacher,
+    adapter_state,
     load_policy,
     load_tokenizer,
     load_version_into,
@@ -118,6 +125,7 @@ class Batch:
     lr: float  # learning_rate after refusal_backoff
     skipped: dict[str, int]  # skip reasons recorded since the last published step
     engine_ok: bool = True  # a full batch found the engine answering /health
+    owner: str | None = None  # whose adapter this batch trains (None: the shared one)
 
 
 def _summed() -> Any:
@@ -326,17 +334,19 @@ def _rl_score(s: Sample) -> int:
 # -- what the main process reads for a step ----------------------------------------------------
 
 
-def score_baselines(store: Store, cfg: TrainerConfig, samples: list[Sample]) -> dict[int, float]:
+def score_baselines(store: Store, cfg: TrainerConfig, samples: list[Sample],
+                    owner: str | None = None) -> dict[int, float]:
     """Each sample's RL baseline, leave-one-out (RLOO): the mean non-zero judge score of the
     other RL samples in this batch and the last ``baseline_window`` trained before it (a
     distillation-only sample has no score to share, whatever the judge said). Leaving
     the sample itself out keeps the estimate unbiased; an all-fail (or all-pass) batch with no
     history then moves nothing by RL, as a zero-variance group does in GRPO. All 0 with a
-    window of 0. History comes from the store, so a restart keeps it."""
+    window of 0. History comes from the store, so a restart keeps it, and from ``owner``'s
+    adapter alone, so no one else's scores steer it."""
     window = cfg.baseline_window
     if window <= 0:
         return {s.turn_id: 0.0 for s in samples}
-    pool = store.recent_trained_scores(window) + [s.score for s in samples if _rl_score(s)]
+    pool = store.recent_trained_scores(window, owner) + [s.score for s in samples if _rl_score(s)]
     total, n = sum(pool), len(pool)
     out = {}
     for s in samples:
@@ -346,14 +356,14 @@ def score_baselines(store: Store, cfg: TrainerConfig, samples: list[Sample]) -> 
     return out
 
 
-def learning_rate(store: Store, cfg: TrainerConfig, version: int) -> float:
-    """``learning_rate``, backed off by ``refusal_backoff`` per gate refusal in a row from
-    ``version`` (read from the store, so a restart keeps it), never below 1/8 of it."""
+def learning_rate(store: Store, cfg: TrainerConfig, version: int, owner: str | None = None) -> float:
+    """``learning_rate``, backed off by ``refusal_backoff`` per gate refusal in a row of ``owner``'s
+    adapter from ``version`` (read from the store, so a restart keeps it), never below 1/8 of it."""
     lr, factor = cfg.learning_rate, cfg.refusal_backoff
     if factor >= 1:
         return lr
     refused = 0
-    for r in store.recent_steps(16):
+    for r in store.recent_steps(16, owner):
         if r["status"] != "gate_failed" or r["base_version"] != version:
             break
         refused += 1
@@ -404,9 +414,13 @@ class Trainer:
         accelerator = accelerator or Accelerator()
         self.base_dir = local_model_dir(resolve_model(cfg.engine.model, cfg.data_path))
         self.ckpt_root = checkpoints_root(cfg.data_path)
+        self.is_lora = self.tcfg.finetune == "lora"
+        self._check_users()
         tokenizer = load_tokenizer(self.base_dir)
+        self.owner: str | None = None  # whose adapter the policy holds (None: the shared one)
         self.current: Version = current_version(store, self.base_dir)
-        model = load_policy(self.tcfg, self.base_dir, self.current).to(accelerator.device)
+        model, self.fresh = load_policy(self.tcfg, self.base_dir, self.current)
+        model = model.to(accelerator.device)
         teacher = Teacher(self.tcfg, model, self.base_dir, accelerator.device)
         params = [p for n, p in model.named_parameters() if p.requires_grad and f".{TEACHER_ADAPTER}." not in n]
         optimizer = torch.optim.AdamW(params, lr=self.tcfg.learning_rate, weight_decay=self.tcfg.weight_decay)
@@ -414,7 +428,10 @@ class Trainer:
         self.policy = Policy(model, params, teacher, tokenizer, accelerator)
         self.canary: gate.CanaryReference | None = None
         self.skipped: Counter[str] = Counter()  # main process: skip reasons since the last published step
-        self.is_lora = self.tcfg.finetune == "lora"
+        # Adam's moments of the owners the policy left, with the version they were built on: a
+        # step alternating owners keeps each one's moments (a fresh Adam would take sign-sized
+        # first steps every time), and they are only ever put back on that owner's same weights
+        self.moments: dict[str | None, tuple[int, dict[str, Any]]] = {}
         log.info("trainer ready: %s from v%d (%s), teacher=%s, method=%s",
                  self.tcfg.finetune, self.current.version, self.current.path, self.tcfg.teacher, self.tcfg.method)
 
@@ -455,37 +472,65 @@ class Trainer:
         changed it while we ran. A restarted engine is given that version back."""
 
         def read() -> Batch:
-            serving = current_version(self.store, self.base_dir)
+            owners = self.store.owners()
+            self._check_users(len(owners) > 1)
             if self.engine is not None:
                 try:
                     ensure_engine_serves(self.store, self.engine, self.base_dir)
                 except EngineError as e:
-                    log.warning("engine did not take v%d back: %s", serving.version, e.message)
-            sel = select_samples(self.store, self.tcfg, serving.version)
-            samples: list[Sample] = []
-            for s in sel.samples:
-                if len(samples) == self.tcfg.batch_size:
-                    break
-                problem = teacher_problem(self.policy.tokenizer, self.tcfg, s)
-                if problem:
-                    sel.skipped[s.turn_id] = problem
-                else:
-                    samples.append(s)
-            if sel.skipped:
-                self.store.record_skipped(sel.skipped)
-                self.skipped.update(sel.skipped.values())
-            full = len(samples) == self.tcfg.batch_size
+                    log.warning("engine did not take the serving adapters back: %s", e.message)
+            ready = {owner: self._ready(owner) for owner in owners}
+            full = [o for o in owners if len(ready[o]) == self.tcfg.batch_size]
+            # the owner whose oldest ready sample waits longest; none full: the policy's own (waiting)
+            owner = min(full, key=lambda o: ready[o][0].turn_id) if full else self.owner
+            samples = ready.get(owner, [])
+            serving = current_version(self.store, self.base_dir, owner)
             return Batch(
-                serving, samples, score_baselines(self.store, self.tcfg, samples),
-                learning_rate(self.store, self.tcfg, serving.version), dict(self.skipped),
-                engine_ok=self.engine is None or not full or self.engine.health(),
+                serving, samples, score_baselines(self.store, self.tcfg, samples, owner),
+                learning_rate(self.store, self.tcfg, serving.version, owner), dict(self.skipped),
+                engine_ok=self.engine is None or not full or self.engine.health(), owner=owner,
             )
 
         batch = _from_main(self.policy.accelerator, read)
-        if batch.serving.version != self.current.version:
+        if batch.owner != self.owner:
+            log.info("training %s from v%d", _whose(batch.owner), batch.serving.version)
+            self._switch(batch.owner, batch.serving)
+        elif batch.serving.version != self.current.version:
             log.info("serving version changed to v%d outside this trainer; reloading it", batch.serving.version)
             self._restore(batch.serving)
         return batch
+
+    def _ready(self, owner: str | None) -> list[Sample]:
+        """Main process: up to batch_size useful samples for ``owner``'s adapter, oldest first; the
+        rejects are recorded with their reasons."""
+        # staleness is counted on the owner's chain (Store.stale_below), from its serving version with no users
+        ref = self.store.stale_below(owner, self.tcfg.max_staleness) + self.tcfg.max_staleness
+        sel = select_samples(self.store, self.tcfg, ref, owner=owner)
+        samples: list[Sample] = []
+        for s in sel.samples:
+            if len(samples) == self.tcfg.batch_size:
+                break
+            problem = teacher_problem(self.policy.tokenizer, self.tcfg, s)
+            if problem:
+                sel.skipped[s.turn_id] = problem
+            else:
+                samples.append(s)
+        if sel.skipped:
+            self.store.record_skipped(sel.skipped)
+            self.skipped.update(sel.skipped.values())
+        return samples
+
+    def _check_users(self, has_users: bool | None = None) -> None:
+        """Users each get an adapter of their own: full fine-tuning (one set of weights) and an
+        engine that merges its one adapter into the base (the embedded one) cannot keep them apart."""
+        if not (self.store.has_users() if has_users is None else has_users):
+            return
+        if not self.is_lora:
+            raise ConfigError("this proxy has users, and each user trains an adapter of their own: set "
+                              "trainer.finetune: lora (full fine-tuning has one set of weights for everyone).")
+        if self.engine is not None and getattr(self.engine, "kind", "embedded") != "vllm":
+            raise ConfigError("this proxy has users, whose adapters a vLLM engine serves side by side; the "
+                              "embedded engine serves one adapter for everyone: use engine.kind vllm.")
 
     def step(self, batch: Batch) -> StepResult:
         """Train on ``batch``, gate the new weights, then publish them or go back to the last published."""
@@ -541,7 +586,7 @@ class Trainer:
         Under the publish lock: a rollback made while this step trained wins ("superseded"; the
         samples stay untrained and are trained again from the version it put back)."""
         with publish_lock(self.store):
-            latest = current_version(self.store, self.base_dir).version
+            latest = current_version(self.store, self.base_dir, self.owner).version
             if latest != self.current.version:
                 log.warning("v%d was published while this step trained from v%d; dropping the step",
                             latest, self.current.version)
@@ -564,7 +609,7 @@ class Trainer:
             try:
                 if self.engine is not None:
                     t_reload = time.perf_counter()
-                    publish(self.engine, new, self.current, self.base_dir)
+                    publish(self.engine, new, self.current, self.base_dir, self.owner)
                     m.reload_s = time.perf_counter() - t_reload  # /metrics: engine reload durations
                 else:
                     validate_checkpoint(out_dir, new.kind, self.base_dir)
@@ -611,6 +656,7 @@ class Trainer:
             metrics=_jsonable(m.as_dict()), kinds={s.turn_id: s.kind for s in samples},
             checkpoint={"path": str(out_dir), "kind": "lora" if self.is_lora else "full",
                         "gate": _jsonable(m.gate), "engine": self.engine is not None} if published else None,
+            owner=self.owner,
         )
 
     def _restore(self, version: Version) -> None:
@@ -618,12 +664,37 @@ class Trainer:
         from accelerate.utils import DistributedType
 
         sharded = self.policy.accelerator.distributed_type == DistributedType.FSDP
-        load_version_into(unwrap(self.policy.model), version, self.base_dir, sharded=sharded)
+        load_version_into(unwrap(self.policy.model), version, self.base_dir, sharded=sharded, fresh=self.fresh)
         self.optimizer.zero_grad(set_to_none=True)
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         inner.state.clear()
         self.current = version
         self.canary = None  # recomputed from the restored weights before the next step
+
+    def _switch(self, owner: str | None, version: Version) -> None:
+        """Turn the policy to ``owner``'s adapter at ``version`` (``current_version``: their own
+        newest, else the shared one's if they share, else fresh), keeping the leaving owner's
+        Adam moments and putting back the arriving owner's only if built on these very weights."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        if inner.state:
+            state = inner.state_dict()
+            state["state"] = {i: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+                                  for k, v in st.items()} for i, st in state["state"].items()}
+            self.moments[self.owner] = (self.current.version, state)
+        self._restore(version)
+        saved = self.moments.pop(owner, None)
+        if saved is not None and saved[0] == version.version:
+            inner.load_state_dict(saved[1])  # moved back onto each parameter's device
+        self.owner = owner
+        self.policy.teacher.restart()
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's adapter weights now (PEFT's state dict, on the CPU)."""
+        return adapter_state(unwrap(self.policy.model))
+
+
+def _whose(owner: str | None) -> str:
+    return "the shared adapter" if owner is None else f"user {owner}'s adapter"
 
 
 def local_model_dir(spec: Path | str) -> Path:

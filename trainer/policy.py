@@ -55,11 +55,14 @@ def load_tokenizer(base_dir: Path) -> Any:
     return tok
 
 
-def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.nn.Module:
-    """Load the weights the engine is serving (``current``) as a trainable model."""
+def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> tuple[torch.nn.Module, dict[str, torch.Tensor] | None]:
+    """Load the weights the engine is serving (``current``) as a trainable model. With LoRA, also
+    the fresh adapter's weights (PEFT's seeded init, on the CPU): what version 0 means for an
+    adapter, so a new adapter never starts from weights another owner trained."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
+    fresh: dict[str, torch.Tensor] | None = None
     if cfg.finetune == "full":
         if current.lora:  # switching from LoRA to full: start from base + adapter, merged
             from peft import PeftModel
@@ -85,6 +88,7 @@ def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.n
             target_modules=targets, task_type="CAUSAL_LM",
         )
         model = get_peft_model(base, lora)
+        fresh = adapter_state(model)
         if current.version > 0:
             load_version_into(model, current, base_dir)
     if cfg.gradient_checkpointing:
@@ -95,20 +99,35 @@ def load_policy(cfg: TrainerConfig, base_dir: Path, current: Version) -> torch.n
 
     disable_dropout_in_model(model)  # the ratio to the engine's log-probs assumes no dropout noise
     model.train()
-    return model
+    return model, fresh
 
 
-def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path, sharded: bool = False) -> None:
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of the trained adapter's weights (PEFT's state dict of the ``default`` adapter)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
+
+
+def load_version_into(model: torch.nn.Module, version: Version, base_dir: Path, sharded: bool = False,
+                      fresh: dict[str, torch.Tensor] | None = None) -> None:
     """Overwrite the policy's trainable weights in place with a version from disk.
 
-    Used after a refused step (back to the last published weights) and when someone else changed
-    the serving version (a rollback). In place, so the accelerate-prepared model and optimizer stay.
+    Used after a refused step (back to the last published weights), when someone else changed
+    the serving version (a rollback), and when the trainer turns to another owner's adapter. In
+    place, so the accelerate-prepared model and optimizer stay. LoRA version 0 is ``fresh``
+    (``load_policy``'s), else just B = 0.
     """
     from safetensors.torch import load_file
 
     is_lora = hasattr(model, "peft_config")
     with torch.no_grad():
         if is_lora:
+            if version.version == 0 and fresh is not None:
+                from peft import set_peft_model_state_dict
+
+                set_peft_model_state_dict(model, fresh)
+                return
             if version.version == 0:  # LoRA's init: B = 0 makes the adapter a no-op
                 for name, p in model.named_parameters():
                     if "lora_B" in name and f".{TEACHER_ADAPTER}." not in name:
@@ -211,6 +230,22 @@ class Teacher:
         else:
             assert self._base_copy is not None
             yield self._base_copy
+
+    def restart(self) -> None:
+        """Start the EMA teacher over (as a restarted trainer does): after the policy turned to
+        another owner's adapter, whose teacher must not average in the last owner's weights."""
+        if self.kind != "ema" or not self.is_lora:  # full fine-tuning has one owner (users need LoRA)
+            return
+        from peft import set_peft_model_state_dict
+
+        shadow = self._ema_callback.shadow_weights or {}
+        for v in shadow.values():
+            v.zero_()
+        model = unwrap(self.policy)
+        original = model.active_adapter
+        model.set_adapter(TEACHER_ADAPTER)
+        set_peft_model_state_dict(model, shadow, adapter_name=TEACHER_ADAPTER)
+        model.set_adapter(original)
 
     def after_step(self, policy: torch.nn.Module) -> None:
         """Advance the EMA teacher after a published step."""

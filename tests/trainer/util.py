@@ -24,6 +24,7 @@ def insert_turn(
     kind: str = "main",
     tools: list[dict[str, Any]] | None = None,
     params: dict[str, Any] | None = None,
+    user: str | None = None,
 ) -> int:
     """One recorded main turn (+ its judgment when ``score`` is not None); returns the turn id."""
     if logps is None and completion_ids is not None:
@@ -46,6 +47,7 @@ def insert_turn(
             "weight_version": weight_version,
             "trainable": trainable,
             "reason": "ok" if trainable else "side",
+            "user": user,
         },
     )
     if score is not None:
