@@ -50,10 +50,11 @@ class Turns(Core):
         )
 
     def list_sessions(self, limit: int | None = None, *, trainable: bool | None = None,
-                      score: str | None = None) -> list[dict[str, Any]]:
+                      score: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
         """Sessions, newest first, with their turns counted (main, side, retry, trainable, judged)
         and mean judge score. ``trainable``: keep those with (True) or without (False) trainable
-        turns; ``score``: keep those whose mean score is pos, neg, zero or none (unjudged)."""
+        turns; ``score``: keep those whose mean score is pos, neg, zero or none (unjudged);
+        ``user``: only that user's."""
         having = []
         if trainable is not None:
             having.append("COALESCE(SUM(t.trainable), 0) > 0" if trainable else "COALESCE(SUM(t.trainable), 0) = 0")
@@ -66,9 +67,10 @@ class Turns(Core):
             "SUM(t.kind = 'retry') AS retry_turns, SUM(t.trainable) AS trainable_turns, "
             "AVG(j.score) AS mean_score, COUNT(j.turn_id) AS judged_turns "
             "FROM sessions s LEFT JOIN turns t ON t.session_id = s.id LEFT JOIN judgments j ON j.turn_id = t.id "
+            f"{'WHERE s.user = ? ' if user is not None else ''}"
             f"GROUP BY s.id {'HAVING ' + ' AND '.join(having) if having else ''} "
             "ORDER BY s.last_seen DESC LIMIT ?",
-            (limit if limit else -1,),
+            (*([user] if user is not None else []), limit if limit else -1),
         )
 
     def session_ids_starting(self, prefix: str, limit: int) -> list[str]:

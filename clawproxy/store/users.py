@@ -47,7 +47,7 @@ class Users(Core):
         """Delete the user and everything recorded for them; return their checkpoint directories
         (the caller deletes the files and unloads the adapter)."""
         with self.transaction() as conn:
-            paths = [r[0] for r in conn.execute("SELECT path FROM checkpoints WHERE user=?", (name,))]
+            paths = [r["path"] for r in conn.execute("SELECT path FROM checkpoints WHERE user=?", (name,))]
             conn.execute("DELETE FROM turns WHERE user=?", (name,))  # judgments, votes, samples cascade
             conn.execute("DELETE FROM sessions WHERE user=?", (name,))
             conn.execute("DELETE FROM checkpoints WHERE user=?", (name,))

@@ -113,9 +113,11 @@ async def test_the_key_reaches_neither_the_upstream_nor_the_store(make_rig):
     assert status == 200, body
     async with rig.client.get(rig.url + "/v1/models", headers=_bearer(keys["alice"])) as r:
         assert r.status == 200
-    await rig.wait_recorded(1)
-    assert [r.headers.get("Authorization") for r in rig.fake.received] == [None, None]
-    assert rig.turns()[0]["user"] == "alice"
+    pasted = {**ASK, "messages": [{"role": "user", "content": f"my key is {keys['alice']}"}]}
+    assert (await rig.chat(pasted, _bearer(keys["alice"])))[0] == 200  # redacted like any other key
+    await rig.wait_recorded(2)
+    assert [r.headers.get("Authorization") for r in rig.fake.received] == [None, None, None]
+    assert [t["user"] for t in rig.turns()] == ["alice", "alice"]
     data = b"".join(p.read_bytes() for p in rig.cfg.data_path.rglob("*") if p.is_file() and p.name != "users.secret")
     assert keys["alice"].encode() not in data and keys["alice"][4:].encode() not in data
 
