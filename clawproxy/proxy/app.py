@@ -571,6 +571,8 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
             cap.routed_version = target.version if target is not None else None
         if cfg.proxy.record_tokens and not st.token_fields_refused:
             added = Added(logprobs="logprobs" not in obj, token_ids="return_token_ids" not in obj)
+    elif user is not None and body and request.method == "POST":
+        body = app[ROUTER_KEY].guard(body, user)
     retried_plain = rerouted = False
     while True:
         sent = _splice_fields(body, added.logprobs, added.token_ids) if added else body

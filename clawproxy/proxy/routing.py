@@ -111,6 +111,19 @@ class ModelRouter:
             return body, target
         return orjson.dumps({**obj, "model": target.model}), target
 
+    def guard(self, body: bytes, user: str) -> bytes:
+        """A request other than chat (completions, responses) that names one of our adapters goes
+        to ``user``'s target: nobody reaches another user's adapter by its name."""
+        if not self.adapters or self.adapter.encode() not in body:
+            return body
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        if not isinstance(obj, dict) or obj.get("model") in (None, self.base) or not self._ours(obj.get("model")):
+            return body
+        return self.route(obj, body, user)[0]
+
     def lost(self, status: int, data: bytes, target: Route | None) -> bool:
         """vLLM's 404 for the adapter's name: it restarted and lost the adapter."""
         return (status == 404 and target is not None and target.path is not None
@@ -153,7 +166,7 @@ class ModelRouter:
         if self._store is None:
             self._store = Store(self.cfg.db_path)
         store = self._store
-        users = store.query("SELECT name, key_hash, shared FROM users")
+        users = store.user_keys()
         if users and self.secret is None:
             self.secret = secret(self.cfg.data_path)
         shared = self._route(store.serving_checkpoint(), self.adapter)

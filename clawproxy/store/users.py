@@ -34,6 +34,10 @@ class Users(Core):
                         WHERE c.user = u.name AND c.status = 'published') AS version
                FROM users u ORDER BY u.name""")
 
+    def user_keys(self) -> list[dict[str, Any]]:
+        """Every user's name, key_hash and shared: the proxy's key map (read every second, so no counts)."""
+        return self.query("SELECT name, key_hash, shared FROM users")
+
     def has_users(self) -> bool:
         return self.query_one("SELECT 1 AS x FROM users LIMIT 1") is not None
 

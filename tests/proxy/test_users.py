@@ -190,3 +190,17 @@ async def test_a_store_with_no_users_needs_no_key_and_forwards_the_clients_own(m
     await rig.wait_recorded(1)
     assert rig.fake.received[0].headers["Authorization"] == "Bearer upstream-key"
     assert rig.turns()[0]["user"] is None
+
+
+async def test_no_route_reaches_another_users_adapter_by_its_name(vllm_rig, tmp_path):
+    rig, app = vllm_rig
+    keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
+    _publish(rig.cfg, app, 1, "alice", write_adapter(tmp_path / "alice"))
+    _publish(rig.cfg, app, 2, "bob", write_adapter(tmp_path / "bob"))
+    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    for model in ("clawproxy-u-bob", "clawproxy", MODEL):
+        async with rig.client.post(rig.url + "/v1/completions", json={"model": model, "prompt": "hi"},
+                                   headers=_bearer(keys["alice"])):
+            pass
+    assert [b["model"] for m, p, b in app[CALLS] if p == "/v1/completions"] == [
+        "clawproxy-u-alice", "clawproxy-u-alice", MODEL]  # the base model stays as asked
