@@ -147,7 +147,7 @@ class ModelRouter:
     def _client(self) -> Any:
         from clawproxy.engine.client import EngineClient
 
-        return EngineClient(self.cfg.proxy.upstream, kind="vllm", token=self.cfg.engine.control_token)
+        return EngineClient(self.cfg.engine_url, kind="vllm", token=self.cfg.engine.control_token)
 
     def _route(self, row: dict[str, Any] | None, name: str) -> Route:
         if row is None:
