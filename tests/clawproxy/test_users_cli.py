@@ -79,13 +79,26 @@ async def test_add_list_share_remove(setup, tmp_path):
     sessions = json.loads(await _cli(config, rig, "sessions", "list", "--json", "--user", "bob"))
     assert [s["id"] for s in sessions] == ["bob/main"]
 
+    app[STATE]["loras"]["clawproxy-u-bob"] = str(dirs["bob"])
+    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    for name in ("alice", "bob"):
+        again = {**ASK, "messages": [{"role": "user", "content": "hi again"}]}  # not a retry of the first
+        assert (await rig.chat(again, {"Authorization": f"Bearer {keys[name]}", "x-session-id": "main"}))[0] == 200
+    await rig.wait_recorded(4)
+    mine = json.loads(await _cli(config, rig, "stats", "--user", "alice", "--json"))
+    assert mine["current_version"] == 1
+    assert [(v["version"], v["served_turns"]) for v in mine["versions"]] == [(0, 1), (1, 1)]
+    everyone = json.loads(await _cli(config, rig, "stats", "--json"))
+    assert [(v["version"], v["served_turns"]) for v in everyone["versions"]] == [(0, 2), (1, 1), (2, 1)]
+    assert "no user 'zed'" in await _cli(config, rig, "stats", "--user", "zed", ok=False)
+
     out = await _cli(config, rig, "users", "remove", "alice", "--yes")
     assert "vLLM unloaded their adapter" in out
     assert [b for m, p, b in app[CALLS] if p == "/v1/unload_lora_adapter"] == [{"lora_name": "clawproxy-u-alice"}]
     assert not dirs["alice"].exists() and dirs["bob"].exists()
     store = rig.store()
     try:
-        assert [r["user"] for r in store.query("SELECT user FROM turns")] == ["bob"]
+        assert [r["user"] for r in store.query("SELECT user FROM turns")] == ["bob", "bob"]
         assert [r["id"] for r in store.query("SELECT id FROM sessions")] == ["bob/main"]
         assert [r["user"] for r in store.query("SELECT user FROM checkpoints")] == ["bob"]
         assert [u["name"] for u in store.list_users()] == ["bob"]
