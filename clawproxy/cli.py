@@ -1,6 +1,6 @@
 """The `clawproxy` command line: nouns for groups, verbs for commands (`clawproxy sessions list`).
 
-Each component keeps its commands beside it (sessions_cli.py, openclaw_cli.py, judge/cli.py,
+Each component keeps its commands beside it (sessions_cli.py, users_cli.py, openclaw_cli.py, judge/cli.py,
 trainer/cli.py, simulate/cli.py); they share options through ``clawproxy.cli_options`` and are attached here, the
 one module that imports them all. A ``ClawproxyError`` from any command becomes a one-line message
 here, in the root group. Heavy parts (torch, the engine, the trainer) load inside the commands.
@@ -16,6 +16,7 @@ from clawproxy.models_cli import models
 from clawproxy.openclaw_cli import openclaw_config
 from clawproxy.sessions_cli import sessions
 from clawproxy.simulate.cli import simulate
+from clawproxy.users_cli import users
 from judge.cli import judge
 from trainer.cli import rollback, stats, train
 
@@ -66,7 +67,7 @@ def start(config_path, data_dir, upstream, host, port, model, engine_kind, engin
     run(cfg)
 
 
-for _cmd in (sessions, models, openclaw_config, judge, train, rollback, stats, simulate):
+for _cmd in (sessions, models, openclaw_config, users, judge, train, rollback, stats, simulate):
     main.add_command(_cmd)
 
 

@@ -87,6 +87,12 @@ class ProxyConfig:
     body_timeout_s: float = setting(
         60.0, "Seconds a client may take to send its request body (408 after).", gt=0
     )
+    user_header: str | None = setting(
+        None,
+        "A request header that names the user (set by a trusted authenticating front end); "
+        "None: with users (`clawproxy users add`), each user is known by their API key. Names "
+        "must exist in the store (`clawproxy users add NAME`); others get 401.",
+    )
 
     def __post_init__(self) -> None:
         if self.upstream is not None:
@@ -174,6 +180,12 @@ class EngineConfig:
         512, "max_tokens when the request gives none (0: fill the context, like vLLM).", ge=0
     )
     control_token: str | None = setting(None, "Token for control verbs when bound off loopback.")
+    max_loras: int = setting(
+        4, "vLLM: LoRA adapters (one per user, plus the shared one) batched on the GPU at once "
+        "(--max-loras); a request for another waits for a slot.", ge=1)
+    max_cpu_loras: int = setting(
+        16, "vLLM: LoRA adapters kept in CPU memory (--max-cpu-loras); one evicted beyond it is read "
+        "from disk again when next used.", ge=1)
     kind: Literal["vllm", "embedded"] = setting(
         "vllm",
         "The engine: 'vllm' (the real vLLM; `clawproxy start` runs it, or attach one with "

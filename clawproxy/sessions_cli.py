@@ -87,11 +87,15 @@ def sessions() -> None:
 @sessions.command("list", context_settings=CTX)
 @click.option("-n", "--limit", type=int, default=20, show_default=True, help="Most recent N sessions.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@click.option("--user", default=None, help="Only this user's sessions (`clawproxy users` lists them).")
 @config_options
-def list_sessions(limit: int, as_json: bool, config_path: str | None, data_dir: str | None) -> None:
+def list_sessions(limit: int, as_json: bool, user: str | None, config_path: str | None,
+                  data_dir: str | None) -> None:
     """Sessions, most recent first: turns, trainable turns, mean judge score."""
     with _open_store(config_path, data_dir) as store:
-        rows = store.list_sessions(limit if limit and limit > 0 else None)
+        if user is not None and store.get_user(user) is None:
+            raise click.ClickException(f"no user {user!r}; `clawproxy users` lists them.")
+        rows = store.list_sessions(limit if limit and limit > 0 else None, user=user)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return

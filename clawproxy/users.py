@@ -53,7 +53,8 @@ def new_key() -> str:
 
 
 def key_hash(secret_bytes: bytes, key: str) -> str:
-    return hmac.new(secret_bytes, key.encode(), hashlib.sha256).hexdigest()
+    # surrogateescape: aiohttp keeps a header's non-UTF-8 bytes as surrogates; a bad key is no 500
+    return hmac.new(secret_bytes, key.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
 
 
 def adapter_name(user: str | None, base: str = "clawproxy") -> str:

@@ -153,11 +153,12 @@ def rollback(version, config_path, data_dir, engine_url, no_engine, user) -> Non
     click.echo(f"now serving v{new}{whose} = the weights of v{source.version} ({source.path})")
 
 
-def collect_stats(store: Any) -> dict[str, Any]:
+def collect_stats(store: Any, user: str | None = None) -> dict[str, Any]:
     """Per weight version: where it came from, samples trained into it, how the turns it served were
-    judged, gate results of the steps that started from it; plus rollbacks and skip reasons."""
+    judged, gate results of the steps that started from it; plus rollbacks and skip reasons.
+    ``user``: only that user's turns, their adapter's steps and the versions that served them."""
     versions: dict[int, dict[str, Any]] = {0: {"version": 0, "source": "base", "status": "base"}}
-    for r in store.checkpoints():
+    for r in store.checkpoints() if user is None else store.checkpoints_of(user):
         gate = r["gate"] or {}
         source = f"rollback to v{gate['rollback_of']}" if "rollback_of" in gate else f"step {r['step_id']}"
         versions[r["version"]] = {"version": r["version"], "source": source, "status": r["status"],
@@ -165,24 +166,29 @@ def collect_stats(store: Any) -> dict[str, Any]:
     for v in versions.values():
         v.update(samples_trained=0, served_turns=0, judged_turns=0, mean_score=None,
                  steps_published=0, steps_gate_failed=0, steps_error=0)
-    for version, n in store.samples_trained_per_version().items():
+    for version, n in store.samples_trained_per_version(user).items():
         if version in versions:
             versions[version]["samples_trained"] = n
-    for r in store.served_turns_per_version():
+    for r in store.served_turns_per_version(user):
         v = versions.setdefault(r["v"] or 0, {"version": r["v"] or 0, "source": "?", "status": "unknown",
                                               "samples_trained": 0, "steps_published": 0,
                                               "steps_gate_failed": 0, "steps_error": 0})
         v.update(served_turns=r["n"], judged_turns=r["judged"],
                  mean_score=round(r["mean"], 3) if r["mean"] is not None else None)
-    for r in store.steps_per_base_version():
+    for r in store.steps_per_base_version(user):
         if r["v"] in versions and f"steps_{r['status']}" in versions[r["v"]]:
             versions[r["v"]][f"steps_{r['status']}"] = r["n"]
     gate_failures = [
         {"step_id": r["id"], "base_version": r["base_version"], "created_at": r["created_at"],
          "failed": (r["metrics"] or {}).get("gate", {}).get("failed", [])}
-        for r in store.gate_failed_steps()
+        for r in store.gate_failed_steps(user)
     ]
-    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in store.events_of("rollback")]
+    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in store.events_of("rollback")
+                 if user is None or (r["data"] or {}).get("user") == user]
+    if user is not None:
+        return {"user": user, "current_version": store.latest_weight_version(user),
+                "versions": [versions[k] for k in sorted(versions)], "gate_failures": gate_failures,
+                "rollbacks": rollbacks, **store.training_counts_of(user)}
     return {
         "current_version": store.latest_weight_version(),
         "versions": [versions[k] for k in sorted(versions)],
@@ -235,7 +241,9 @@ def plot_stats(data: dict[str, Any], path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also write a PNG: mean judge score and samples trained per weight version.")
-def stats(config_path, data_dir, as_json, plot_path) -> None:
+@click.option("--user", "user", default=None, metavar="NAME",
+              help="Only this user's turns, adapter and versions (`clawproxy users` lists them).")
+def stats(config_path, data_dir, as_json, plot_path, user) -> None:
     """Learning progress per weight version: samples trained, judge scores, gate results, rollbacks."""
     from rich.console import Console
     from rich.table import Table
@@ -245,7 +253,9 @@ def stats(config_path, data_dir, as_json, plot_path) -> None:
     cfg = build_config(config_path, data_dir)
     store = Store(cfg.db_path)
     try:
-        data = collect_stats(store)
+        if user is not None and store.get_user(user) is None:
+            raise click.ClickException(f"no user {user!r}; `clawproxy users` lists them.")
+        data = collect_stats(store, user)
         data["quarantined_turns"] = store.quarantine_count()  # turns the recorder could not store
     finally:
         store.close()
@@ -256,7 +266,8 @@ def stats(config_path, data_dir, as_json, plot_path) -> None:
         return
     if plot_path:
         click.echo(f"plot written to {plot_path}")
-    table = Table(title=f"weight versions (serving v{data['current_version']})")
+    whose = f" of {user}" if user else ""
+    table = Table(title=f"weight versions{whose} (serving v{data['current_version']})")
     for col in ("version", "from", "status", "samples trained", "turns served", "judged", "mean score", "steps ok/refused"):
         table.add_column(col, justify="right" if col not in ("from", "status") else "left")
     for v in data["versions"]:

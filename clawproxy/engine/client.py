@@ -223,11 +223,15 @@ class EngineClient:
         return {str(c["id"]): str(c.get("root")) for c in (cards or {}).get("data", [])
                 if isinstance(c, dict) and c.get("parent")}
 
-    def load_adapter(self, path: str) -> None:
-        """``POST /v1/load_lora_adapter`` under ``lora_name``, in place (no pause: a request that
-        names the adapter before it exists gets a 404, which the proxy handles)."""
-        body = {"lora_name": self.lora_name, "lora_path": str(path), "load_inplace": True}
+    def load_adapter(self, path: str, name: str | None = None) -> None:
+        """``POST /v1/load_lora_adapter`` under ``name`` (default ``lora_name``), in place (no
+        pause: a request that names the adapter before it exists gets a 404, which the proxy handles)."""
+        body = {"lora_name": name or self.lora_name, "lora_path": str(path), "load_inplace": True}
         self._request("POST", "/v1/load_lora_adapter", body, timeout=self.reload_timeout)
+
+    def unload_adapter(self, name: str) -> None:
+        """``POST /v1/unload_lora_adapter``: vLLM forgets the adapter ``name`` (404 if it has none)."""
+        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
 
     def load_weights(self, path: str, version: int, lora: bool = False) -> int:
         """Swap in the checkpoint at ``path`` as weight version ``version``; return the version.

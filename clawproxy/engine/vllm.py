@@ -64,7 +64,9 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
         argv += ["--override-generation-config", json.dumps({"max_new_tokens": engine.default_max_tokens})]
     if trainer.finetune == "lora":
         argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank_slot(trainer.lora_r)),
-                 "--max-loras", "1"]
+                 "--max-loras", str(engine.max_loras),
+                 # vLLM refuses a CPU cache smaller than the GPU slots
+                 "--max-cpu-loras", str(max(engine.max_cpu_loras, engine.max_loras))]
     if engine.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
         plugin = Path(__file__).with_name("tool_parsers.py")

@@ -156,7 +156,7 @@ def _install_log_filters() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if _PARSER_NOISE not in server_log.filters:
         server_log.addFilter(_PARSER_NOISE)
-ROUTER_KEY = web.AppKey("clawproxy_router", ModelRouter | None)
+ROUTER_KEY = web.AppKey("clawproxy_router", ModelRouter)
 
 
 def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> web.Application:
@@ -187,8 +187,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(_upstream_ctx)  # cleaned up first: no request outlives the recorder
     app[ROUTER_KEY] = router_for(cfg)
-    if app[ROUTER_KEY] is not None:
-        app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
+    app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
     app.router.add_get("/clawproxy/health", _control(health))
     app.router.add_get("/clawproxy/stats", _control(stats))
     app.router.add_get("/metrics", _control(metrics))
@@ -307,13 +306,16 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
-def _request_headers(h: CIMultiDictProxy[str], drop_auth: bool = False) -> CIMultiDict[str]:
+def _request_headers(h: CIMultiDictProxy[str], drop_auth: bool = False,
+                     upstream_token: str | None = None) -> CIMultiDict[str]:
     out = _end_to_end_headers(h)
     # Compression buys nothing on loopback and costs CPU per chunk; aiohttp still decodes it
     # if an upstream compresses anyway.
     out["Accept-Encoding"] = "identity"
-    if drop_auth:  # it carried the proxy's own token
+    if drop_auth:  # it carried the proxy's own token or a user's key
         out.popall("Authorization", None)
+        if upstream_token:  # the user's key replaced the one vLLM wants
+            out["Authorization"] = f"Bearer {upstream_token}"
     return out
 
 
@@ -482,9 +484,20 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
     st = app[STATS_KEY]
     st.requests += 1
     need_token = not cfg.proxy.is_loopback
-    if need_token and not has_bearer(request, cfg.proxy.control_token or ""):
+    router = app[ROUTER_KEY]
+    user = None
+    try:
+        if router.active:
+            # A user's key authenticates as well as the control token; a front end's header does not
+            if router.header is not None and need_token and not has_bearer(request, cfg.proxy.control_token or ""):
+                raise Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`")
+            user = router.identify(request.headers)
+            need_token = True  # the key (or the front end's token) never goes upstream
+        elif need_token and not has_bearer(request, cfg.proxy.control_token or ""):
+            raise Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`")
+    except Unauthorized as e:
         st.errors += 1
-        return error_response(Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`"))
+        return error_response(e)
     if route is None:
         st.errors += 1
         return _not_forwarded(request)
@@ -493,11 +506,11 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
         st.chat_requests += 1
         cap = Capture(next(app[IDS_KEY]), time.time(), request.path, time.perf_counter(),
                       session_headers={k: clean_header(v) for k in SESSION_HEADERS
-                                       if (v := request.headers.get(k))})
+                                       if (v := request.headers.get(k))}, user=user)
     end: _StreamEnd | None = None
     st.in_flight += 1
     try:
-        resp, end = await _exchange(request, cap, t, need_token)
+        resp, end = await _exchange(request, cap, t, need_token, user)
     except asyncio.CancelledError:  # the client hung up (server_options: handler_cancellation)
         st.aborted += 1
         t.aborted = True
@@ -534,8 +547,8 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
 _INTERNAL = ClawproxyError("internal proxy error; see the clawproxy log")
 
 
-async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_auth: bool
-                    ) -> tuple[web.StreamResponse, _StreamEnd | None]:
+async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_auth: bool,
+                    user: str | None = None) -> tuple[web.StreamResponse, _StreamEnd | None]:
     """Read the client's body, ask the upstream, relay its answer; finishes ``cap`` on success.
 
     Two refusals are retried once each, with the whole error body in hand: an upstream that
@@ -549,13 +562,17 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
     t.start = time.perf_counter()
     added = Added()
     router = app[ROUTER_KEY] if cap is not None else None
+    target = None
     if cap is not None:
         cap.raw_body = body
         cap.body = obj = _parse_chat_body(request, body)
         if router is not None:
-            body = router.route(obj, body)
+            body, target = router.route(obj, body, user)
+            cap.routed_version = target.version if target is not None else None
         if cfg.proxy.record_tokens and not st.token_fields_refused:
             added = Added(logprobs="logprobs" not in obj, token_ids="return_token_ids" not in obj)
+    elif user is not None and body and request.method == "POST":
+        body = app[ROUTER_KEY].guard(body, user)
     retried_plain = rerouted = False
     while True:
         sent = _splice_fields(body, added.logprobs, added.token_ids) if added else body
@@ -574,8 +591,10 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
         if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
             added, retried_plain = Added(), True
             continue
-        if router is not None and not rerouted and router.lost(up.status, data):
-            body, rerouted = await router.recover(body), True
+        if router is not None and cap is not None and not rerouted and router.lost(up.status, data, target):
+            assert target is not None
+            (body, target), rerouted = await router.recover(body, user, target), True
+            cap.routed_version = target.version if target is not None else None
             continue
         break
     _note_answer(app, cap, up)
@@ -597,7 +616,8 @@ async def _ask(request: web.Request, body: bytes, t: Timing, drop_auth: bool) ->
     t0 = time.perf_counter()
     try:
         return await app[UPSTREAM_KEY].request(
-            request.method, url, headers=_request_headers(request.headers, drop_auth),
+            request.method, url, headers=_request_headers(
+                request.headers, drop_auth, app[CONFIG_KEY].engine.control_token if app[ROUTER_KEY].active else None),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
             allow_redirects=False,
         )

@@ -82,6 +82,8 @@ class Capture:
     t_first: float | None = None
     t_end: float | None = None
     redacted: bool = False  # the journal already redacted this turn (its token ids must go)
+    user: str | None = None  # who asked (clawproxy/users.py); None: a proxy with no users
+    routed_version: int | None = None  # the weight version the router sent it to (None: not routed)
 
     def finish(self, status: str, http_status: int | None = None, error: str | None = None) -> bool:
         """End the turn as ``status`` ("ok", "error", "aborted"); the first call wins, later ones
@@ -146,6 +148,8 @@ def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, A
         "ttft_ms": (cap.t_first - cap.t0) * 1000 if cap.t_first else None,
         "total_ms": ((cap.t_end or time.perf_counter()) - cap.t0) * 1000,
         "header_weight_version": cap.header_weight_version,
+        "routed_weight_version": cap.routed_version,
+        "user": cap.user,
     }
     if asm is not None:
         rec.update(
@@ -269,7 +273,7 @@ def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
         "id": cap.request_id, "at": cap.created_at, "path": cap.path, "stream": cap.stream,
         "done": cap.done, "http": cap.http_status, "status": cap.status, "error": cap.error,
         "h": {k: clean_header(v) for k, v in cap.session_headers.items()},
-        "wv": cap.header_weight_version,
+        "wv": cap.header_weight_version, "u": cap.user, "rv": cap.routed_version,
         "ttft": cap.t_first - cap.t0 if cap.t_first else None,
         "total": (cap.t_end or time.perf_counter()) - cap.t0,
         "nb": len(body), "nr": len(resp), "red": redacted or cap.redacted, "asm": asm is not None,
@@ -307,7 +311,7 @@ def read_journal(path: Path) -> list[Capture]:
                       raw_body=raw_body, session_headers=m["h"], stream=m["stream"],
                       done=m["done"], http_status=m["http"], status=m["status"], error=m["error"],
                       header_weight_version=m["wv"], t_first=m["ttft"], t_end=m["total"],
-                      redacted=m.get("red", False))
+                      redacted=m.get("red", False), user=m.get("u"), routed_version=m.get("rv"))
         resp = data[nl + 1 + m["nb"] : end]
         if m.get("asm"):
             rec = orjson.loads(resp)
@@ -558,7 +562,9 @@ class Recorder:
         try:
             if rec.get("weight_version") is None:
                 hv = rec.get("header_weight_version")
-                rec["weight_version"] = hv if hv is not None else self.store.latest_weight_version()
+                if hv is None:
+                    hv = rec.get("routed_weight_version")
+                rec["weight_version"] = hv if hv is not None else self.store.latest_weight_version(rec.get("user"))
                 if rec.get("weight_versions") is None and rec["status"] == "ok":
                     rec["weight_versions"] = [rec["weight_version"]]
             self.tracker.ingest(self.store, rec)

@@ -104,6 +104,7 @@ _PATTERNS: list[tuple[_Prefilter, bytes, bytes | Callable[[re.Match[bytes]], byt
     (b"PRIVATE KEY-----",
      rb"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^\"]{0,20000}?-----END [A-Z ]{0,40}PRIVATE KEY-----", REDACTED),
     (b"sk-", rb"sk-[A-Za-z0-9_\-]{16,}", REDACTED),                  # OpenAI, Anthropic (sk-ant-), DeepSeek...
+    (b"cpk-", rb"cpk-[A-Za-z0-9_\-]{16,}", REDACTED),                # clawproxy's own user keys (clawproxy/users.py)
     (b"_pat_", rb"github_pat_[A-Za-z0-9_]{20,}", REDACTED),
     (b"gh", rb"gh[oprsu]_[A-Za-z0-9]{20,}", REDACTED),               # GitHub
     (b"xox", rb"xox[abeprs]-[A-Za-z0-9\-]{10,}", REDACTED),          # Slack

@@ -246,6 +246,11 @@ def next_state_after(
 
 
 # -- the tracker ---------------------------------------------------------------------------------
+def _own(user: str | None, key: Any) -> Any:
+    """A prefix or body key within ``user``'s turns: content never links turns of two users."""
+    return key if user is None else (user, key)
+
+
 @dataclass
 class _Pending:
     """The session's newest main turn, which the next main request may carry the next state of."""
@@ -298,13 +303,14 @@ class SessionTracker:
         self._warm = True
         now = now if now is not None else time.time()
         rows = store.open_session_prompts(now - self.idle_timeout_s, self._index_size)
-        for sid, messages in reversed(rows):
+        for sid, user, messages in reversed(rows):
             prompt = strip_ctx(messages or [])
             if prompt:
-                self._remember(self._prefix_index, prefix_hashes(prompt)[-1], sid)
+                self._remember(self._prefix_index, _own(user, prefix_hashes(prompt)[-1]), sid)
         recent = store.recent_bodies(now - self.retry_window_s, self._index_size)
         for r in reversed(recent):
-            self._remember(self._recent, r["body_hash"], _Seen(r["id"], r["created_at"], r["status"], r["session_id"]))
+            self._remember(self._recent, _own(r["user"], r["body_hash"]),
+                           _Seen(r["id"], r["created_at"], r["status"], r["session_id"]))
         if rows or recent:
             log.info("session index seeded from the store: %d open session(s), %d recent body(ies)",
                      len(rows), len(recent))
@@ -354,17 +360,20 @@ class SessionTracker:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         now = rec["created_at"]
         ident = identify(rec.get("session_headers") or {}, body) if body else Identity(None, None)
+        user = rec.get("user")
         side_kind = classify(body, bool(rec.get("stream"))) if messages else None
         kind = "side" if side_kind else "main"
 
         prompt = strip_ctx(messages)
         hashes = prefix_hashes(prompt) if messages else []
         sid, source = ident.session_id, ident.source
+        if sid is not None and user is not None:
+            sid = f"{user}/{sid}"  # two users' OpenClaw "main" sessions are two sessions
         if sid is None and messages:
             # Prefix chaining: an earlier prompt + its assistant reply begin this request.
             for k in range(len(prompt) - 1, 0, -1):
                 if isinstance(prompt[k], dict) and prompt[k].get("role") == "assistant":
-                    hit = self._prefix_index.get(hashes[k])
+                    hit = self._prefix_index.get(_own(user, hashes[k]))
                     if hit:
                         sid, source = hit, "prefix"
                         break
@@ -373,14 +382,14 @@ class SessionTracker:
         # bodies live in memory (bounded), seeded from the store after a restart.
         bh = rec.get("body_hash")
         retry_of = None
-        seen = self._recent.get(bh) if bh and messages else None
+        seen = self._recent.get(_own(user, bh)) if bh and messages else None
         # Same body from another session (two users both saying "hi") is not a retry.
         if seen and now - seen.created_at <= self.retry_window_s and sid in (None, seen.session_id):
             retry_of = seen
             if sid is None and seen.session_id is not None:
                 sid, source = seen.session_id, "retry"
         if sid is None and messages and kind == "main":
-            sid, source = f"anon-{uuid.uuid4().hex[:12]}", "new"
+            sid, source = f"{user + '/' if user else ''}anon-{uuid.uuid4().hex[:12]}", "new"
         retried = None
         if retry_of and retry_of.status == "ok":
             kind = "retry"
@@ -390,6 +399,7 @@ class SessionTracker:
 
         state = recorded_state(rec, kind)
         row = {k: rec.get(k) for k in _TURN_FIELDS}
+        row["user"] = user
         row.update(
             session_id=sid, kind=kind, side_kind=side_kind, compaction=ident.compaction, reason=state,
             request_messages=messages or None,
@@ -402,7 +412,7 @@ class SessionTracker:
             # main session and would otherwise keep its last main turn waiting forever.
             session = {"id": sid, "source": source or "new", "session_key": ident.session_key,
                        "agent": ident.agent, "compaction": ident.compaction, "seen_at": now,
-                       "active": side_kind is None}
+                       "active": side_kind is None, "user": user}
             st = self._state(store, sid, retried)
             row["turn_index"] = st.next_index
             st.next_index += 1
@@ -415,10 +425,10 @@ class SessionTracker:
             self.forget()
             return None
         if bh and messages and kind != "retry":
-            self._remember(self._recent, bh, _Seen(turn_id, now, rec["status"], sid))
+            self._remember(self._recent, _own(user, bh), _Seen(turn_id, now, rec["status"], sid))
         if st is not None and kind == "main" and messages and rec["status"] == "ok":
             st.pending = _Pending(turn_id, len(prompt), hashes[-1], state)
-            self._remember(self._prefix_index, hashes[-1], sid)
+            self._remember(self._prefix_index, _own(user, hashes[-1]), sid)
         return turn_id
 
     def _link(self, st: _SessionState, messages: list[Any], hashes: list[bytes]) -> Link | None:

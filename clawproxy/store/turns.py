@@ -50,10 +50,11 @@ class Turns(Core):
         )
 
     def list_sessions(self, limit: int | None = None, *, trainable: bool | None = None,
-                      score: str | None = None) -> list[dict[str, Any]]:
+                      score: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
         """Sessions, newest first, with their turns counted (main, side, retry, trainable, judged)
         and mean judge score. ``trainable``: keep those with (True) or without (False) trainable
-        turns; ``score``: keep those whose mean score is pos, neg, zero or none (unjudged)."""
+        turns; ``score``: keep those whose mean score is pos, neg, zero or none (unjudged);
+        ``user``: only that user's."""
         having = []
         if trainable is not None:
             having.append("COALESCE(SUM(t.trainable), 0) > 0" if trainable else "COALESCE(SUM(t.trainable), 0) = 0")
@@ -66,9 +67,10 @@ class Turns(Core):
             "SUM(t.kind = 'retry') AS retry_turns, SUM(t.trainable) AS trainable_turns, "
             "AVG(j.score) AS mean_score, COUNT(j.turn_id) AS judged_turns "
             "FROM sessions s LEFT JOIN turns t ON t.session_id = s.id LEFT JOIN judgments j ON j.turn_id = t.id "
+            f"{'WHERE s.user = ? ' if user is not None else ''}"
             f"GROUP BY s.id {'HAVING ' + ' AND '.join(having) if having else ''} "
             "ORDER BY s.last_seen DESC LIMIT ?",
-            (limit if limit else -1,),
+            (*([user] if user is not None else []), limit if limit else -1),
         )
 
     def session_ids_starting(self, prefix: str, limit: int) -> list[str]:
@@ -89,11 +91,12 @@ class Turns(Core):
         )
 
     # -- the session tracker (clawproxy/proxy/sessions.py, in the recorder's thread) ----------------
-    def open_session_prompts(self, seen_since: float, limit: int) -> list[tuple[str, Any]]:
-        """(session id, last ok main prompt or None) of the ``limit`` open sessions last seen since ``seen_since``."""
+    def open_session_prompts(self, seen_since: float, limit: int) -> list[tuple[str, str | None, Any]]:
+        """(session id, its user, last ok main prompt or None) of the ``limit`` open sessions last
+        seen since ``seen_since``."""
         # Indexed lookups only: a store of months of traffic must not be scanned at proxy start.
         rows = self.query(
-            "SELECT id FROM sessions WHERE finalized_at IS NULL AND last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
+            "SELECT id, user FROM sessions WHERE finalized_at IS NULL AND last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
             (seen_since, limit),
         )
         out = []
@@ -101,13 +104,13 @@ class Turns(Core):
             last = self.query_one(
                 "SELECT request_messages FROM turns WHERE session_id=? AND kind='main' AND status='ok' "
                 "ORDER BY turn_index DESC, id DESC LIMIT 1", (r["id"],))
-            out.append((r["id"], last["request_messages"] if last else None))
+            out.append((r["id"], r["user"], last["request_messages"] if last else None))
         return out
 
     def recent_bodies(self, created_since: float, limit: int) -> list[dict[str, Any]]:
         """The retry memory: non-retry turns with a body hash, created since ``created_since``, in the last ``limit`` ids."""
         return self.query(
-            "SELECT id, created_at, status, session_id, body_hash FROM turns "
+            "SELECT id, created_at, status, session_id, body_hash, user FROM turns "
             "WHERE id > (SELECT COALESCE(MAX(id), 0) FROM turns) - ? AND body_hash IS NOT NULL "
             "AND created_at >= ? AND kind != 'retry' ORDER BY id DESC",
             (limit, created_since),
@@ -157,17 +160,17 @@ class Turns(Core):
         self.update("turns", "id", turn_id, {**values, **state_columns(advance(row["reason"], state))})
 
     def _touch_session(self, *, id: str, source: str, session_key: str | None, agent: str | None,
-                       compaction: int | None, seen_at: float, active: bool) -> None:
+                       compaction: int | None, seen_at: float, active: bool, user: str | None = None) -> None:
         """Create or touch a session; only ``active`` (non-side) turns move its idle clock and reopen it."""
         self.execute(
-            "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "INSERT INTO sessions (id, source, session_key, agent, compaction, first_seen, last_seen, user) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
             "last_seen=CASE WHEN ? THEN MAX(last_seen, excluded.last_seen) ELSE last_seen END, "
             "finalized_at=CASE WHEN ? THEN NULL ELSE finalized_at END, "
             "compaction=COALESCE(excluded.compaction, compaction), "
             "session_key=COALESCE(session_key, excluded.session_key), "
             "agent=COALESCE(agent, excluded.agent)",
-            (id, source, session_key, agent, compaction, seen_at, seen_at, active, active),
+            (id, source, session_key, agent, compaction, seen_at, seen_at, user, active, active),
         )
 
     def finalize_idle_sessions(self, seen_before: float) -> list[str]:

@@ -34,6 +34,10 @@ class Users(Core):
                         WHERE c.user = u.name AND c.status = 'published') AS version
                FROM users u ORDER BY u.name""")
 
+    def user_keys(self) -> list[dict[str, Any]]:
+        """Every user's name, key_hash and shared: the proxy's key map (read every second, so no counts)."""
+        return self.query("SELECT name, key_hash, shared FROM users")
+
     def has_users(self) -> bool:
         return self.query_one("SELECT 1 AS x FROM users LIMIT 1") is not None
 
@@ -47,7 +51,7 @@ class Users(Core):
         """Delete the user and everything recorded for them; return their checkpoint directories
         (the caller deletes the files and unloads the adapter)."""
         with self.transaction() as conn:
-            paths = [r[0] for r in conn.execute("SELECT path FROM checkpoints WHERE user=?", (name,))]
+            paths = [r["path"] for r in conn.execute("SELECT path FROM checkpoints WHERE user=?", (name,))]
             conn.execute("DELETE FROM turns WHERE user=?", (name,))  # judgments, votes, samples cascade
             conn.execute("DELETE FROM sessions WHERE user=?", (name,))
             conn.execute("DELETE FROM checkpoints WHERE user=?", (name,))

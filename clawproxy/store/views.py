@@ -8,33 +8,61 @@ from typing import Any
 
 from clawproxy.store.core import Core
 
+# ``of_user`` in the views below: None is everyone's figures, a name only that user's (their turns,
+# their adapter's steps and checkpoints).
+_OF_TURN = "(? IS NULL OR t.user = ?)"
+_OF_STEP = "(? IS NULL OR user = ?)"
+
 
 class Views(Core):
-    def samples_trained_per_version(self) -> dict[int, int]:
+    def samples_trained_per_version(self, of_user: str | None = None) -> dict[int, int]:
         """Published version -> turns trained into it."""
         rows = self.query(
             "SELECT s.new_version AS v, COUNT(ts.turn_id) AS n FROM train_steps s "
-            "JOIN trained_samples ts ON ts.step_id = s.id WHERE s.status='published' GROUP BY s.new_version"
+            "JOIN trained_samples ts ON ts.step_id = s.id JOIN turns t ON t.id = ts.turn_id "
+            f"WHERE s.status='published' AND {_OF_TURN} GROUP BY s.new_version", (of_user, of_user)
         )
         return {r["v"]: r["n"] for r in rows}
 
-    def served_turns_per_version(self) -> list[dict[str, Any]]:
+    def served_turns_per_version(self, of_user: str | None = None) -> list[dict[str, Any]]:
         """Per weight version that served main turns: v, n (turns), judged, mean (score)."""
         return self.query(
             "SELECT t.weight_version AS v, COUNT(*) AS n, COUNT(j.turn_id) AS judged, AVG(j.score) AS mean "
-            "FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY t.weight_version"
+            f"FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' AND {_OF_TURN} "
+            "GROUP BY t.weight_version", (of_user, of_user)
         )
 
-    def steps_per_base_version(self) -> list[dict[str, Any]]:
+    def steps_per_base_version(self, of_user: str | None = None) -> list[dict[str, Any]]:
         """Train steps counted by the version they started from and their status: v, status, n."""
         return self.query(
-            "SELECT base_version AS v, status, COUNT(*) AS n FROM train_steps GROUP BY base_version, status"
+            f"SELECT base_version AS v, status, COUNT(*) AS n FROM train_steps WHERE {_OF_STEP} "
+            "GROUP BY base_version, status", (of_user, of_user)
         )
 
-    def gate_failed_steps(self) -> list[dict[str, Any]]:
+    def gate_failed_steps(self, of_user: str | None = None) -> list[dict[str, Any]]:
         return self.query(
-            "SELECT id, base_version, created_at, metrics FROM train_steps WHERE status='gate_failed' ORDER BY id"
+            "SELECT id, base_version, created_at, metrics FROM train_steps WHERE status='gate_failed' "
+            f"AND {_OF_STEP} ORDER BY id", (of_user, of_user)
         )
+
+    def checkpoints_of(self, user: str) -> list[dict[str, Any]]:
+        """``user``'s own checkpoints and the shared ones that served them, oldest first."""
+        return self.query(
+            "SELECT version, kind, status, created_at, step_id, gate FROM checkpoints WHERE user = ? "
+            "OR (user IS NULL AND version IN (SELECT weight_version FROM turns WHERE user = ?)) ORDER BY version",
+            (user, user))
+
+    def training_counts_of(self, user: str) -> dict[str, Any]:
+        """``user``'s figures beside the versions: steps (their adapter's), trained_by_kind and
+        skipped_by_reason (their turns)."""
+        steps = self.query_one("SELECT COUNT(*) AS n FROM train_steps WHERE user = ?", (user,))["n"]
+        kinds = self.query("SELECT COALESCE(ts.kind, '') AS kind, COUNT(DISTINCT ts.turn_id) AS n "
+                           "FROM trained_samples ts JOIN turns t ON t.id = ts.turn_id WHERE t.user = ? "
+                           "GROUP BY COALESCE(ts.kind, '')", (user,))
+        skipped = self.query("SELECT s.reason, COUNT(*) AS n FROM skipped_samples s JOIN turns t "
+                             "ON t.id = s.turn_id WHERE t.user = ? GROUP BY s.reason", (user,))
+        return {"steps": steps, "trained_by_kind": {r["kind"]: r["n"] for r in kinds},
+                "skipped_by_reason": {r["reason"]: r["n"] for r in skipped}}
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         """Events of one kind (ts, data), oldest first."""

@@ -137,8 +137,8 @@ def test_open_session_prompts_and_recent_bodies(tmp_path):
                   session=_session("b", 12.0))
     s.record_turn(_turn("old", session_id="c", turn_index=0, created_at=1.0), session=_session("c", 1.0))
     # the last answered prompt (not the failed one), most recently seen first; "c" was seen too long ago
-    assert s.open_session_prompts(5.0, 10) == [("b", None), ("a", [{"role": "user", "content": "1"}])]
-    assert s.open_session_prompts(5.0, 1) == [("b", None)]
+    assert s.open_session_prompts(5.0, 10) == [("b", None, None), ("a", None, [{"role": "user", "content": "1"}])]
+    assert s.open_session_prompts(5.0, 1) == [("b", None, None)]
     assert [r["body_hash"] for r in s.recent_bodies(10.5, 10)] == ["h2"]  # no retries, none older
     assert [r["body_hash"] for r in s.recent_bodies(0.0, 10)] == ["h2", "h1"]
     assert [r["body_hash"] for r in s.recent_bodies(0.0, 2)] == []  # only the last 2 ids are looked at

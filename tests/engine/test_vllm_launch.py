@@ -77,3 +77,10 @@ def test_no_vllm_installed_says_how_to_get_one(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match="make install.*engine.kind: embedded"):
         require_vllm()
+
+
+def test_one_adapter_per_user_fits_vllms_lora_caches():
+    _, argv, _ = _cmd()
+    assert (_flag(argv, "--max-loras"), _flag(argv, "--max-cpu-loras")) == ("4", "16")
+    _, argv, _ = _cmd(**{"engine.max_loras": 8, "engine.max_cpu_loras": 2})
+    assert (_flag(argv, "--max-loras"), _flag(argv, "--max-cpu-loras")) == ("8", "8")

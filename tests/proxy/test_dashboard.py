@@ -15,6 +15,7 @@ Screenshots of every page go to ``$CLAWPROXY_ARTIFACTS`` (default: a pytest temp
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -494,3 +495,20 @@ async def test_query_parameters_out_of_range_are_a_json_400(make_rig):
         async with rig.client.get(live + ok) as r:
             assert r.status == 200, ok
             assert len((await r.json())["turns"]) == n, ok
+
+
+async def test_the_sessions_page_shows_one_users_sessions(make_rig):
+    from clawproxy.proxy.app import ROUTER_KEY
+    from tests.proxy.test_users import _add_users, _bearer
+
+    rig = await make_rig()
+    keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
+    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    for name in keys:
+        status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                                      {**_bearer(keys[name]), "session_id": "main"})
+        assert status == 200
+    await rig.wait_recorded(2)
+    async with rig.client.get(rig.url + "/clawproxy/ui/sessions?user=alice") as r:
+        listing = await r.text()
+    assert "alice/main" in listing and "bob/main" not in listing

@@ -244,7 +244,9 @@ async def sessions(request: web.Request) -> web.Response:
     q = request.query
     trainable = {"yes": True, "no": False}.get(q.get("trainable", ""))
     score = q.get("score") if q.get("score") in ("pos", "neg", "zero", "none") else None
-    rows = await request.app[UI_KEY].read(lambda s: s.list_sessions(500, trainable=trainable, score=score))
+    user = q.get("user") or None
+    rows = await request.app[UI_KEY].read(lambda s: s.list_sessions(500, trainable=trainable, score=score,
+                                                                     user=user))
     return _page(request, "sessions.html", {"sessions": rows, "trainable": q.get("trainable", ""),
                                             "score": score or ""})
 
