@@ -389,9 +389,17 @@ def _from_main(accelerator: Any, read: Callable[[], T]) -> T:
         return read()
     from accelerate.utils import broadcast_object_list
 
-    box = [read() if accelerator.is_main_process else None]
+    box: list[Any] = [None]
+    if accelerator.is_main_process:
+        try:
+            box = [(True, read())]
+        except Exception as e:  # every process raises it: one left waiting would hang the others
+            box = [(False, e)]
     broadcast_object_list(box)
-    return box[0]  # type: ignore[return-value]
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 # -- the loop ---------------------------------------------------------------------------------

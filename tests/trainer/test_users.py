@@ -19,7 +19,7 @@ from trainer.checkpoints import current_version, rollback
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _config(tmp_path: Path, model: Path, **trainer):
+def _rig(tmp_path: Path, model: Path, **trainer):
     overrides = {"data_dir": str(tmp_path / "data"), "engine.model": str(model),
                  "trainer.batch_size": 2, "trainer.learning_rate": 1e-3, "trainer.finetune": "lora",
                  "trainer.canary_prompts": ["What is the capital of France?"], "trainer.canary_max_tokens": 8}
@@ -44,7 +44,7 @@ def test_each_step_trains_one_owner_on_their_turns_from_the_right_weights(tmp_pa
     import trainer.loop
     from trainer.loop import Trainer
 
-    cfg, store = _config(tmp_path, tiny_model_dir)
+    cfg, store = _rig(tmp_path, tiny_model_dir)
     store.add_user("alice", None)
     store.add_user("bob", None)
     store.add_user("carol", None, shared=True)
@@ -103,7 +103,7 @@ def test_each_step_trains_one_owner_on_their_turns_from_the_right_weights(tmp_pa
 
 def test_stale_is_counted_on_the_owners_chain(tmp_path, tiny_model_dir):
     """Versions published for other owners do not age a user's turns."""
-    cfg, store = _config(tmp_path, tiny_model_dir)
+    cfg, store = _rig(tmp_path, tiny_model_dir)
     store.add_user("alice", None)
     for v, user in enumerate([None, None, None, "alice", None, None], start=1):
         store.insert("checkpoints", {"version": v, "path": f"/x/v{v}", "kind": "lora", "created_at": 0.0,
@@ -118,7 +118,7 @@ def test_stale_is_counted_on_the_owners_chain(tmp_path, tiny_model_dir):
 def test_users_need_lora(tmp_path, tiny_model_dir):
     from trainer.loop import Trainer
 
-    cfg, store = _config(tmp_path, tiny_model_dir, finetune="full")
+    cfg, store = _rig(tmp_path, tiny_model_dir, finetune="full")
     store.add_user("alice", None)
     with pytest.raises(ConfigError, match="finetune: lora"):
         Trainer(cfg, store)
