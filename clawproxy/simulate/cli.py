@@ -108,6 +108,7 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
             try:
                 system.write_config()
                 users = _add_users(data_dir, personas, share, system.config)
+                system.api_key = users[0].key  # the readiness probe's /v1/models needs a known key
             except BaseException:
                 system.stop()  # lets go of the ports it holds
                 raise

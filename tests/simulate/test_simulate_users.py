@@ -162,3 +162,14 @@ def test_simulate_cli_users_sends_each_key_and_writes_a_curve_each(tmp_path):
 def test_simulate_cli_users_errors_are_clear(args, message):
     res = CliRunner().invoke(simulate_cmd, ["--proxy-url", "http://127.0.0.1:9", *args])
     assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_simulate_cli_users_refuses_a_trainer_that_cannot_keep_users_apart(tmp_path):
+    """The embedded engine serves one adapter for everyone: said before any system starts."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("engine: {kind: embedded, model: smollm2-135m}\ntrainer: {finetune: lora}\n")
+    res = CliRunner().invoke(simulate_cmd, ["--config", str(cfg), "--data-dir", str(tmp_path / "d"),
+                                            "--users", "concise,bullets"])
+    assert res.exit_code == 2 and "engine.kind embedded" in res.output and "trainer.enabled: false" in res.output
+    assert not (tmp_path / "d" / "clawproxy.db").exists()  # no users were added
+    assert not (tmp_path / "d" / "logs").exists()  # nothing was started
