@@ -75,10 +75,10 @@ def request_json(method: str, url: str, body: Any = None, *, token: str | None =
         return raw.decode(errors="replace")
 
 
-def answers_ok(url: str, timeout: float = 2.0) -> bool:
+def answers_ok(url: str, timeout: float = 2.0, token: str | None = None) -> bool:
     """True when GET ``url`` answers 200 (never raises): a server is up and ready."""
     try:
-        with open_url("GET", url, timeout=timeout) as resp:
+        with open_url("GET", url, timeout=timeout, token=token) as resp:
             return resp.status == 200
     except ClawproxyError:
         return False

@@ -53,10 +53,15 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where curve.json and curve.png go (default: <data-dir>/simulate).")
 @click.option("--no-settle", is_flag=True, help="Measure without waiting for the judge/trainer to catch up.")
-def simulate(persona, interactions, eval_every, turns_per_conversation, max_tokens, eval_max_tokens,
+@click.option("--users", "users_spec", default=None, metavar="PERSONA,PERSONA,...",
+              help="Several users on one server, one per persona (e.g. concise,concise,bullets): each talks "
+                   "with their own API key, trains their own adapter and gets a curve, with cross-talk.")
+@click.option("--share", is_flag=True, help="With --users: the users share (their turns also train the shared adapter).")
+@click.pass_context
+def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max_tokens, eval_max_tokens,
              temperature, seed, proxy_url, engine_url, data_dir, config_path, method, lora, lr,
              batch_size, oracle, llm_persona_url, llm_persona_model, feedback_path, eval_prompts, out_dir,
-             no_settle) -> None:
+             no_settle, users_spec, share) -> None:
     """Drive a running (or freshly started) clawproxy with a simulated user; plot held-out adoption."""
     import asyncio
 
@@ -67,8 +72,24 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
     from clawproxy.simulate.run import simulate as run_sim
     from clawproxy.simulate.system import System
 
+    personas = [persona]
+    if users_spec is None:
+        if share:
+            raise click.UsageError("--share goes with --users (several simulated users).")
+    else:
+        from clawproxy.simulate.multi import parse_users
+
+        if ctx.get_parameter_source("persona") is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--persona is one user; with --users, name each user's persona there.")
+        if proxy_url is not None and data_dir is None:
+            raise click.UsageError("--users with --proxy-url needs that system's --data-dir, to add the users to its store.")
+        try:
+            personas = parse_users(users_spec)
+        except ClawproxyError as e:
+            raise click.UsageError(e.message) from e
     try:
-        load_feedback(feedback_path).for_persona(persona)  # a bad bank fails before a system starts
+        for p in dict.fromkeys(personas):
+            load_feedback(feedback_path).for_persona(p)  # a bad bank fails before a system starts
     except ClawproxyError as e:
         raise click.ClickException(e.message) from e
     overrides = {
@@ -79,9 +100,18 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         "judge.enabled": False if oracle else None,
     }
     system = None
+    users = None
     if proxy_url is None:
         data_dir = data_dir or f"./clawproxy-simulate-{time.strftime('%Y%m%d-%H%M%S')}"
         system = System(data_dir, overrides, config_path)
+        if users_spec is not None:
+            try:
+                system.write_config()
+                users = _add_users(data_dir, personas, share, system.config)
+                system.api_key = users[0].key  # the readiness probe's /v1/models needs a known key
+            except BaseException:
+                system.stop()  # lets go of the ports it holds
+                raise
         click.echo(f"starting clawproxy (data: {system.data_dir}, log: {system.log_path}) ...")
         try:
             system.start()
@@ -95,6 +125,8 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         from clawproxy.config import load_config
 
         cfg = load_config(config_path, {"data_dir": data_dir})
+        if users_spec is not None:
+            users = _add_users(data_dir, personas, share)
     settings = SimSettings(
         proxy_url=proxy_url, eval_url=engine_url, data_dir=data_dir, persona=persona,
         interactions=interactions, eval_every=eval_every, turns_per_conversation=turns_per_conversation,
@@ -104,6 +136,9 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model, feedback=feedback_path,
         eval_prompts=eval_prompts, model=cfg.engine.served_name, engine_kind=cfg.engine.kind,
     )
+    if users is not None:
+        _run_users(settings, users, cfg, system, out_dir, data_dir)
+        return
     table = LiveTable()
     try:
         curve = asyncio.run(run_sim(settings, on_point=lambda p: table.add(settings.method, p)))
@@ -124,3 +159,51 @@ def simulate(persona, interactions, eval_every, turns_per_conversation, max_toke
         click.echo(f"interactions -> training samples: {trained} of {sum(curve.samples.values())} trained; "
                    + ", ".join(f"{k} {v}" for k, v in curve.samples.items()))
     click.echo(f"wall {curve.wall_s:.0f}s; curve: {j}  plot: {p}")
+
+
+def _add_users(data_dir, personas, share, cfg=None):
+    """The simulated users in the system's store (a started system: before it starts, so the proxy
+    knows their keys from its first read)."""
+    from clawproxy.errors import ClawproxyError
+    from clawproxy.simulate.multi import add_users
+
+    if cfg is not None:
+        # the trainer refuses users otherwise (trainer/loop.py _check_users): say so before starting
+        if cfg.trainer.enabled and (cfg.trainer.finetune != "lora" or cfg.engine.kind != "vllm"):
+            raise click.UsageError(
+                f"--users: each user trains a LoRA adapter of their own, served side by side by vLLM; this "
+                f"config has trainer.finetune {cfg.trainer.finetune} and engine.kind {cfg.engine.kind}. Use "
+                "--lora with a vLLM engine (the default config), or a config with trainer.enabled: false.")
+    try:
+        return add_users(data_dir, personas, share)
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
+
+
+def _run_users(settings, users, cfg, system, out_dir, data_dir) -> None:
+    """Several users: a curve each, cross-talk, one curve.json and a table."""
+    import asyncio
+
+    from clawproxy.errors import ClawproxyError
+    from clawproxy.simulate.measure import LiveTable, plot_png, write_json
+    from clawproxy.simulate.multi import print_table, simulate_users, summary
+
+    table = LiveTable()
+    try:
+        curves = asyncio.run(simulate_users(settings, users, max_staleness=cfg.trainer.max_staleness,
+                                            on_point=lambda u, p: table.add(u.name, p)))
+    except ClawproxyError as e:
+        raise click.ClickException(e.message) from e
+    finally:
+        if system is not None:
+            system.stop()
+    out = Path(out_dir or Path(data_dir or ".") / "simulate")
+    j = write_json(out / "curve.json", curves, summary(curves))
+    p = plot_png(out / "curve.png", curves, title="users: " + ", ".join(f"{u.name}" for u in users))
+    print_table(curves)
+    for c in curves:
+        if c.judge_agreement:
+            a = c.judge_agreement
+            click.echo(f"{c.user}: judge vs the simulator's intended verdicts: right {a['right']}, zero {a['zero']}, "
+                       f"wrong sign {a['wrong']}, unjudged {a['unjudged']}")
+    click.echo(f"wall {curves[0].wall_s:.0f}s; curve: {j}  plot: {p}")

@@ -53,6 +53,9 @@ class CurvePoint:
     elapsed_s: float = 0.0
     cut_off_share: float = 0.0  # answers the token limit ended (counted as not adopted)
     answers: list[EvalAnswer] = field(default_factory=list)
+    served_by: str | None = None  # the model name measured (several users: whose adapter)
+    # several users: another persona's adoption on these same answers (compare Curve.cross_baseline)
+    cross_talk: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +72,10 @@ class Curve:
     judge_agreement: dict[str, int] = field(default_factory=dict)
     # what became of each interaction: trained, or why not (see StoreView.sample_accounting)
     samples: dict[str, int] = field(default_factory=dict)
+    user: str | None = None  # several users: whose curve this is
+    # several users: each other persona's adoption on the base model's answers at point 0
+    cross_baseline: dict[str, float] = field(default_factory=dict)
+    trained: int | None = None  # several users: turns this user's own adapter trained on
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +109,13 @@ def score_answers(prompts: Sequence[str], answers: Sequence[str], check: Any,
         out.append(EvalAnswer(p, a, len(words(a)), met, q.degenerate, round(q.similarity, 4),
                               met and q.real and not cut, bool(cut)))
     return out
+
+
+def adoption_with(graded: Sequence[EvalAnswer], check: Any, on_topic_min: float = ON_TOPIC_MIN) -> float:
+    """Adoption of graded answers under another preference's check (their quality is already known)."""
+    hits = [bool(check(g.answer)) and g.degenerate is None and g.similarity >= on_topic_min and not g.cut_off
+            for g in graded]
+    return sum(hits) / max(len(hits), 1)
 
 
 def make_point(interactions: int, graded: list[EvalAnswer], weight_version: int | None,

@@ -46,6 +46,7 @@ class System:
         self.proxy_port = _hold_port(self._ports)
         self.engine_port = _hold_port(self._ports)
         self.config: Any = None
+        self.api_key: str | None = None  # a user's key: once the store has users, /v1 needs one
 
     @property
     def proxy_url(self) -> str:
@@ -89,7 +90,7 @@ class System:
                 raise ClawproxyError(
                     f"clawproxy start exited with {self.proc.returncode}; see {self.log_path}:\n"
                     + self.log_tail())
-            if answers_ok(self.engine_url + "/health", 3) and answers_ok(self.proxy_url + "/v1/models", 3):
+            if answers_ok(self.engine_url + "/health", 3) and answers_ok(self.proxy_url + "/v1/models", 3, self.api_key):
                 return self
             time.sleep(1.0)
         self.stop()

@@ -135,6 +135,11 @@ class Training(Core):
             (*args, limit),
         )
 
+    def trained_count(self, owner: str | None = None) -> int:
+        """Distinct turns ``owner``'s adapter (None: the shared one) has trained on."""
+        row = self.query_one(f"SELECT COUNT(DISTINCT turn_id) AS n FROM ({_TRAINED_BY})", (owner,))
+        return int(row["n"]) if row else 0
+
     def untrained_judged_count(self) -> int:
         """How many candidates wait (what the trainer's next batch is drawn from, before its own filters)."""
         return self.query_one(f"SELECT COUNT(*) AS n {_CANDIDATES}")["n"]
