@@ -50,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=48, help="Tokens decoded per request (ignore_eos).")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--probe-only", action="store_true", help="Only check that base answers stay the base's.")
     p.add_argument("--out", default=None)
     return p.parse_args()
 
@@ -66,10 +67,10 @@ def make_adapters(model_dir: Path, n: int, r: int, out: Path) -> list[Path]:
         torch.manual_seed(i)
         cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", init_lora_weights=False)
         peft = get_peft_model(base, cfg)
-        with torch.no_grad():  # a small delta: answers change, the model stays a model
+        with torch.no_grad():  # a delta that changes greedy answers, as a trained adapter does
             for name, p in peft.named_parameters():
                 if "lora_B" in name:
-                    p.mul_(0.01)
+                    p.mul_(0.1)
         path = out / f"user{i}"
         peft.save_pretrained(path)
         base = peft.unload()
@@ -127,6 +128,20 @@ def main() -> None:
             f"{a.adapters} adapters": [names[i % a.adapters] for i in range(a.concurrency)],
         }
         load(url, [a.model], 4)  # warm-up
+        # a base request must answer the same alone and batched beside adapter requests
+        probe = {"model": a.model, "messages": [{"role": "user", "content": "Name three prime numbers."}],
+                 "max_tokens": 24, "temperature": 0}
+        alone = stream_body(url, probe)["token_ids"]
+        with ThreadPoolExecutor(len(names)) as pool:  # every adapter in a slot (--adapters = max_loras fills them)
+            side = [pool.submit(stream_body, url, {**probe, "model": n, "max_tokens": 64}) for n in names]
+            beside = stream_body(url, probe)["token_ids"]
+            [f.result() for f in side]
+        isolated = alone == beside
+        differs = stream_body(url, {**probe, "model": names[-1]})["token_ids"] != alone  # else the probe proves nothing
+        print(f"base answer beside adapter requests: {'unchanged' if isolated else 'CHANGED'} "
+              f"(an adapter's own answer differs from the base's: {differs})", flush=True)
+        if a.probe_only:
+            return
         results: dict[str, dict] = {}
         for label, models in conditions.items():
             load(url, models, 4)  # each adapter in its slot before timing
@@ -141,7 +156,7 @@ def main() -> None:
         print(f"load_lora_adapter: {', '.join(f'{s:.2f}' for s in loads)} s; RSS {rss}")
         print(f"served adapters: {sorted(client.served_adapters())}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "loads_s": loads, "rss_gib": rss,
+        Path(a.out).write_text(json.dumps({"args": vars(a), "base_isolated": isolated, "loads_s": loads, "rss_gib": rss,
                                            "results": results}, indent=1))
 
 
