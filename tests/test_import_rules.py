@@ -26,6 +26,7 @@ SHARED = {
     "clawproxy.degenerate",  # what a looping generation is
     "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)
     "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
+    "clawproxy.users",  # a user's adapter name: the proxy routes to it, the trainer publishes under it
 }
 WIRING = {"clawproxy/config.py", "clawproxy/cli.py", "clawproxy/supervisor.py"}  # where the parts are wired
 
