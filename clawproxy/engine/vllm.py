@@ -76,7 +76,8 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
         argv += ["--hf-overrides", json.dumps({"rope_scaling": engine.rope_scaling})]
     argv += list(engine.vllm_args)
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1"}  # vLLM logs to stdout, here engine.log: each line as it is logged
     if engine.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.kv_cache_gb)
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(engine.threads)
