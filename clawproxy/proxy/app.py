@@ -604,6 +604,8 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
         cap.finish("ok")  # an error status is read from http_status by the recorder
         if added and up.status < 400:
             data = strip_body(data, added)
+    elif user is not None and up.status == 200 and request.method == "GET" and request.path == "/v1/models":
+        data = app[ROUTER_KEY].visible_models(data, user)
     if up.status >= 400:
         st.errors += 1
     return web.Response(status=up.status, body=data, headers=_end_to_end_headers(up.headers)), None

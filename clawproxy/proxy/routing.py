@@ -124,6 +124,20 @@ class ModelRouter:
             return body
         return self.route(obj, body, user)[0]
 
+    def visible_models(self, data: bytes, user: str) -> bytes:
+        """vLLM's model list as ``user`` may see it: other users' adapters (whose names are user
+        names) and the shared one, unless it serves them, are left out."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data
+        if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
+            return data
+        mine = {self.base, self.target(user).model}
+        kept = [m for m in obj["data"] if not (isinstance(m, dict) and self._ours(m.get("id"))
+                                                and m.get("id") not in mine)]
+        return orjson.dumps({**obj, "data": kept})
+
     def lost(self, status: int, data: bytes, target: Route | None) -> bool:
         """vLLM's 404 for the adapter's name: it restarted and lost the adapter."""
         return (status == 404 and target is not None and target.path is not None

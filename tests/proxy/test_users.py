@@ -204,3 +204,18 @@ async def test_no_route_reaches_another_users_adapter_by_its_name(vllm_rig, tmp_
             pass
     assert [b["model"] for m, p, b in app[CALLS] if p == "/v1/completions"] == [
         "clawproxy-u-alice", "clawproxy-u-alice", MODEL]  # the base model stays as asked
+
+
+async def test_the_model_list_shows_a_user_only_what_serves_them(vllm_rig, tmp_path):
+    rig, app = vllm_rig
+    keys = _add_users(rig.cfg, ("alice", False), ("bob", True), ("carol", False))
+    _publish(rig.cfg, app, 1, None, write_adapter(tmp_path / "shared"))
+    _publish(rig.cfg, app, 2, "alice", write_adapter(tmp_path / "alice"))
+    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    seen = {}
+    for name in ("alice", "bob", "carol"):
+        async with rig.client.get(rig.url + "/v1/models", headers=_bearer(keys[name])) as r:
+            assert r.status == 200
+            seen[name] = [m["id"] for m in (await r.json())["data"]]
+    # adapter names carry user names: nobody sees another person's, nor the shared one unless it serves them
+    assert seen == {"alice": [MODEL, "clawproxy-u-alice"], "bob": [MODEL, "clawproxy"], "carol": [MODEL]}
