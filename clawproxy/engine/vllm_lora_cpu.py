@@ -32,6 +32,8 @@ def _lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Ten
         weights = weights.squeeze(1)
     x = inputs.to(dtype)
     n = max(x.shape[0], indices.numel())  # one row or one index broadcasts, as vLLM's einsum does
+    if n == 0 or indices.numel() == 0:  # nothing to compute, as vLLM's einsum returns
+        return torch.zeros(n, weights.shape[1], dtype=dtype, device=x.device)
     x, indices = x.expand(n, -1), indices.reshape(-1).expand(n)
     first = int(indices[0])
     if bool((indices == first).all()):  # one adapter (or none) for the whole batch: one matmul

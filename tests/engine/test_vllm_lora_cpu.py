@@ -103,3 +103,10 @@ def test_one_adapter_for_the_whole_batch(value):
         torch.testing.assert_close(got, want)
     else:
         assert torch.all(got == 0)
+
+
+def test_an_empty_batch_is_no_error():
+    _, a, _, _ = _case(3)
+    out = torch.zeros(0, 4)
+    ours.bgmv_shrink(torch.zeros(0, 12), a, out, torch.zeros(0, dtype=torch.long), 1.0)
+    assert out.shape == (0, 4)
