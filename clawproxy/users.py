@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import Any
 
 from clawproxy.errors import ConfigError
 
@@ -55,6 +56,15 @@ def new_key() -> str:
 def key_hash(secret_bytes: bytes, key: str) -> str:
     # surrogateescape: aiohttp keeps a header's non-UTF-8 bytes as surrogates; a bad key is no 500
     return hmac.new(secret_bytes, key.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+
+
+def create(store: Any, data_dir: str | os.PathLike, name: str, *, shared: bool = False) -> str:
+    """Add ``name`` to ``store`` with a fresh key, keeping only its keyed hash; return the key."""
+    key = new_key()
+    sec = secret(data_dir, create=True)
+    assert sec is not None
+    store.add_user(check_name(name), key_hash(sec, key), shared=shared)
+    return key
 
 
 def adapter_name(user: str | None, base: str = "clawproxy") -> str:

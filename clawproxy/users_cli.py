@@ -17,7 +17,7 @@ from clawproxy.cli_options import build_config, config_options
 from clawproxy.config import Config
 from clawproxy.errors import ClawproxyError
 from clawproxy.store import Store
-from clawproxy.users import adapter_name, check_name, key_hash, new_key, secret
+from clawproxy.users import adapter_name, check_name, create
 
 
 def _store(cfg: Config) -> Store:
@@ -49,10 +49,7 @@ def add(name: str, share: bool, config_path: str | None, data_dir: str | None) -
         if store.get_user(name) is not None:
             raise click.ClickException(f"user {name!r} exists; pick another name, or "
                                        f"`clawproxy users remove {name}` first.")
-        key = new_key()
-        sec = secret(cfg.data_path, create=True)
-        assert sec is not None
-        store.add_user(name, key_hash(sec, key), shared=share)
+        key = create(store, cfg.data_path, name, shared=share)
     finally:
         store.close()
     click.echo(f"added user {name} ({'shares' if share else 'does not share'}); their API key, shown once:")

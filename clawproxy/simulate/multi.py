@@ -77,10 +77,8 @@ def add_users(data_dir: str | Path, personas: list[str], share: bool = False) ->
     """Store one user per persona as `clawproxy users add` does (keyed hash of a fresh key); the
     keys stay in memory for the drivers."""
     from clawproxy.store import Store
-    from clawproxy.users import check_name, key_hash, new_key, secret
+    from clawproxy.users import check_name, create
 
-    sec = secret(data_dir, create=True)
-    assert sec is not None
     store = Store(Path(data_dir) / "clawproxy.db")
     try:
         names = [check_name(n) for n in user_names(personas)]
@@ -91,9 +89,7 @@ def add_users(data_dir: str | Path, personas: list[str], share: bool = False) ->
                               f"or `clawproxy users remove NAME` first.")
         out = []
         for name, persona in zip(names, personas, strict=True):
-            key = new_key()
-            store.add_user(name, key_hash(sec, key), shared=share)
-            out.append(SimUser(name, persona, key, share))
+            out.append(SimUser(name, persona, create(store, data_dir, name, shared=share), share))
         return out
     finally:
         store.close()
@@ -114,9 +110,7 @@ class UsersView(StoreView):
         row = self.store.adapter_for(user)
         if row is None:
             return 0, None, None
-        own = self.store.serving_checkpoint(user)
-        whose = user if own is not None and own["version"] == row["version"] else None
-        return int(row["version"]), str(row["kind"]), adapter_name(whose, adapter)
+        return int(row["version"]), str(row["kind"]), adapter_name(row["user"], adapter)
 
     def queues(self, max_staleness: int) -> list[int]:
         """Each owner's useful candidates (a zero score never trains), what the trainer draws from."""

@@ -24,10 +24,10 @@ class Training(Core):
     # -- checkpoints ------------------------------------------------------------------------------
     def serving_checkpoint(self, owner: str | None = None) -> dict[str, Any] | None:
         """The newest published checkpoint of ``owner``'s adapter (None: the shared one, the only
-        one with no users): version, path, kind, created_at (when it was published) and gate;
-        None: there is none."""
+        one with no users): version, path, kind, created_at (when it was published), gate and
+        user (whose adapter); None: there is none."""
         return self.query_one(
-            "SELECT version, path, kind, created_at, gate FROM checkpoints WHERE status='published' "
+            "SELECT version, path, kind, created_at, gate, user FROM checkpoints WHERE status='published' "
             "AND user IS ? ORDER BY version DESC LIMIT 1", (owner,)
         )
 
