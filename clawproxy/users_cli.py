@@ -122,13 +122,16 @@ def remove(name: str, yes: bool, config_path: str | None, data_dir: str | None) 
         if not yes and not click.confirm(f"Remove user {name} and everything recorded and trained for "
                                          "them? This cannot be undone", default=False):
             raise click.Abort()
-        paths = store.remove_user(name)
+        # under the publish lock: a step in flight for them either published before, and its
+        # checkpoint goes with the rest, or sees them gone and keeps nothing
+        with store.publish_lock():
+            paths = store.remove_user(name)
+            for p in paths:
+                shutil.rmtree(Path(p), ignore_errors=True)
+            unloaded = _unload(cfg, adapter_name(name))
         store.purge_free_pages()
     finally:
         store.close()
-    for p in paths:
-        shutil.rmtree(Path(p), ignore_errors=True)
-    unloaded = _unload(cfg, adapter_name(name))
     click.echo(f"removed user {name}: their data and {len(paths)} checkpoint(s)"
                + ("; vLLM unloaded their adapter" if unloaded else ""))
 

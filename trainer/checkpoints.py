@@ -117,23 +117,6 @@ def prune(store: Store, keep: int, root: Path) -> list[int]:
     return deleted
 
 
-@contextmanager
-def publish_lock(store: Store) -> Iterator[None]:
-    """Serializes whoever changes the served version (a trainer publishing, `clawproxy rollback`):
-    an exclusive ``flock`` on a file beside the store, held from reading the current version until
-    the engine took the new one and it is recorded. Without it a step trained from v5 could publish
-    over a rollback made while it trained."""
-    import fcntl
-
-    path = store.path.with_name(store.path.name + ".publish.lock")
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def rollback(
     store: Store, engine: Any | None, base_dir: Path, target: int | None = None, owner: str | None = None
 ) -> tuple[int, Version]:
@@ -144,7 +127,7 @@ def rollback(
     is refused. The engine reloads first; only a reload that worked is recorded (a refused one
     raises EngineError, the engine is given the current version back, and nothing is recorded).
     """
-    with publish_lock(store):
+    with store.publish_lock():
         return _rollback(store, engine, base_dir, target, owner)
 
 

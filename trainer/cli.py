@@ -45,6 +45,7 @@ def _format_step(r: Any) -> str:
         "error": (f"v{r.base_version} checkpoint not written ({m['save_error']})" if "save_error" in m
                   else f"v{r.base_version} engine refused"),
         "superseded": f"v{r.base_version} dropped (a rollback was published while it trained)",
+        "user_removed": f"v{r.base_version} dropped (its user was removed while it trained)",
     }[r.status]
     return (
         f"step {r.step_id}: {head} | loss {m['loss']:+.4f} adv {m['adv_mean']:+.3f} "

@@ -66,7 +66,6 @@ from trainer.checkpoints import (
     next_version,
     prune,
     publish,
-    publish_lock,
     validate_checkpoint,
     write_atomically,
 )
@@ -126,6 +125,7 @@ class Batch:
     skipped: dict[str, int]  # skip reasons recorded since the last published step
     engine_ok: bool = True  # a full batch found the engine answering /health
     owner: str | None = None  # whose adapter this batch trains (None: the shared one)
+    owners: tuple[str | None, ...] = (None,)  # every owner now: a removed user's saved moments go
 
 
 def _summed() -> Any:
@@ -228,7 +228,7 @@ class StepMetrics:
 @dataclass
 class StepResult:
     step_id: int | None
-    status: str  # published | gate_failed | error | superseded (a rollback came first)
+    status: str  # published | gate_failed | error | superseded (a rollback came first) | user_removed
     base_version: int
     new_version: int | None
     metrics: dict[str, Any] = field(default_factory=dict)  # StepMetrics.as_dict()
@@ -497,9 +497,12 @@ class Trainer:
                 serving, samples, score_baselines(self.store, self.tcfg, samples, owner),
                 learning_rate(self.store, self.tcfg, serving.version, owner), dict(self.skipped),
                 engine_ok=self.engine is None or not full or self.engine.health(), owner=owner,
+                owners=tuple(owners),
             )
 
         batch = _from_main(self.policy.accelerator, read)
+        for gone in set(self.moments) - set(batch.owners):
+            del self.moments[gone]
         if batch.owner != self.owner:
             log.info("training %s from v%d", _whose(batch.owner), batch.serving.version)
             self._switch(batch.owner, batch.serving)
@@ -568,6 +571,9 @@ class Trainer:
             acc, lambda: self._publish(batch.samples, m, state_dict, t0, batch_ready))
         if status == "superseded":  # collect() loads the version now serving before the next step
             return StepResult(step_id, status, base, None, m.as_dict())
+        if status == "user_removed":
+            self._forget_owner()
+            return StepResult(None, status, base, None, m.as_dict())
         if status != "published" or version is None:
             self._restore(self.current)
             return StepResult(step_id, status, base, None, m.as_dict())
@@ -587,13 +593,16 @@ class Trainer:
     def _publish(
         self, samples: list[Sample], m: StepMetrics, state_dict: dict[str, Any] | None, t0: float,
         batch_ready: float,
-    ) -> tuple[str, int | None, int, StepMetrics]:
+    ) -> tuple[str, int | None, int | None, StepMetrics]:
         """Main process: checkpoint v<N> -> engine reload -> rows. Returns (status, version, step_id,
         the metrics with the publish's figures); the second of a step's two broadcasts shares it.
 
         Under the publish lock: a rollback made while this step trained wins ("superseded"; the
         samples stay untrained and are trained again from the version it put back)."""
-        with publish_lock(self.store):
+        with self.store.publish_lock():
+            if self.owner is not None and self.store.get_user(self.owner) is None:
+                log.warning("user %s was removed while this step trained; dropping it", self.owner)
+                return "user_removed", None, None, m  # nothing of theirs may be written or served
             latest = current_version(self.store, self.base_dir, self.owner).version
             if latest != self.current.version:
                 log.warning("v%d was published while this step trained from v%d; dropping the step",
@@ -678,6 +687,15 @@ class Trainer:
         inner.state.clear()
         self.current = version
         self.canary = None  # recomputed from the restored weights before the next step
+
+    def _forget_owner(self) -> None:
+        """Drop a removed user's weights and Adam moments; collect() loads the next owner's adapter."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        inner.state.clear()
+        self.moments.pop(self.owner, None)
+        self.owner = None
+        self.current = Version(-1, self.base_dir, self.current.kind)  # serves nobody: collect() restores
+        self.canary = None
 
     def _switch(self, owner: str | None, version: Version) -> None:
         """Turn the policy to ``owner``'s adapter at ``version`` (``current_version``: their own

@@ -154,6 +154,21 @@ class Core:
             self._conn.close()
 
     @contextmanager
+    def publish_lock(self) -> Iterator[None]:
+        """Serializes whoever changes what is served or whose it is (a trainer publishing,
+        `clawproxy rollback`, `clawproxy users remove`): an exclusive ``flock`` on a file beside the
+        database, held from reading the current version until the change is recorded. Without it a
+        step trained from v5 could publish over a rollback, or for a user removed while it trained."""
+        import fcntl
+
+        with open(self.path.with_name(self.path.name + ".publish.lock"), "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")

@@ -122,3 +122,73 @@ def test_users_need_lora(tmp_path, tiny_model_dir):
     store.add_user("alice", None)
     with pytest.raises(ConfigError, match="finetune: lora"):
         Trainer(cfg, store)
+
+
+def test_a_user_removed_while_their_step_trains_leaves_nothing_behind(tmp_path, tiny_model_dir, monkeypatch):
+    """`users remove` during a step: the step keeps no row, file or moments of theirs; the next
+    owner trains from their own weights."""
+    import trainer.loop
+    from trainer.loop import Trainer
+
+    cfg, store = _rig(tmp_path, tiny_model_dir)
+    store.add_user("alice", None)
+    store.add_user("bob", None)
+    _add(store, tiny_model_dir, "alice", 2, seed=1)
+    bob_turns = set(_add(store, tiny_model_dir, "bob", 2, seed=2))
+    tr = Trainer(cfg, store)
+    real_step = trainer.loop.train_step
+    starts: list[tuple[str | None, int, dict[str, torch.Tensor], int]] = []
+
+    def remove_alice_mid_step(policy, optimizer, batch, tcfg):
+        inner = getattr(optimizer, "optimizer", optimizer)
+        starts.append((batch.owner, tr.current.version, tr.adapter_weights(), len(inner.state)))
+        m = real_step(policy, optimizer, batch, tcfg)
+        if batch.owner == "alice":
+            store.remove_user("alice")  # what `clawproxy users remove alice` does to the store
+        return m
+
+    monkeypatch.setattr(trainer.loop, "train_step", remove_alice_mid_step)
+    results = tr.run()
+    assert [r.status for r in results] == ["user_removed", "published"]
+    assert [s[0] for s in starts] == ["alice", "bob"]
+    owner, base, start, adam = starts[1]
+    assert base == 0 and adam == 0 and all(torch.equal(start[k], tr.fresh[k]) for k in tr.fresh)
+
+    steps = store.query("SELECT id, user FROM train_steps")
+    assert [s["user"] for s in steps] == ["bob"]
+    assert {r["turn_id"] for r in store.query("SELECT turn_id FROM trained_samples")} == bob_turns
+    ckpts = store.query("SELECT version, path, user FROM checkpoints")
+    assert [c["user"] for c in ckpts] == ["bob"]
+    assert sorted(p.name for p in tr.ckpt_root.iterdir()) == [Path(ckpts[0]["path"]).name]
+    assert "alice" not in tr.moments
+
+
+def test_users_remove_waits_for_a_publish_in_flight(tmp_path):
+    """The CLI takes the publish lock, so a step publishing for that user finishes first."""
+    import threading
+    import time
+
+    from click.testing import CliRunner
+
+    from clawproxy.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    store = Store(data / "clawproxy.db")
+    store.add_user("alice", None)
+    held, done = threading.Event(), threading.Event()
+
+    def publish():
+        with store.publish_lock():
+            held.set()
+            time.sleep(1.0)
+            done.set()
+
+    t = threading.Thread(target=publish)
+    t.start()
+    held.wait(5)
+    r = CliRunner().invoke(main, ["users", "remove", "alice", "--yes", "--data-dir", str(data)])
+    finished_first = done.is_set()  # without the lock the CLI returns while the publish still sleeps
+    t.join(5)
+    assert r.exit_code == 0, r.output
+    assert finished_first and store.get_user("alice") is None
