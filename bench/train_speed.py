@@ -103,7 +103,8 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
                              "trainer.learning_rate": lr, "trainer.keep_checkpoints": 2,
                              "trainer.max_seq_len": max(4096, (args.prompt_tokens or 0) + 2 * args.completion_tokens),
                              "trainer.threads": args.threads,
-                             "trainer.gradient_checkpointing": args.gradient_checkpointing})
+                             "trainer.gradient_checkpointing": args.gradient_checkpointing,
+                             "trainer.dtype": args.dtype})
     store = Store(cfg.db_path)
     trainer = Trainer(cfg, store)
 
@@ -111,15 +112,16 @@ def run_trainer(args: argparse.Namespace, finetune: str) -> dict:
     for step in range(args.steps + 1):
         _insert_batch(store, trainer.policy.tokenizer, args.batch_size, args.completion_tokens, seed=step,
                       prompt_tokens=args.prompt_tokens)
+        t0 = time.perf_counter()
         r = trainer.step(trainer.collect())
-        results.append(r.metrics)
+        results.append({**r.metrics, "wall_s": time.perf_counter() - t0})
     timed = results[1:]
     return {
-        "mode": f"trainer {finetune}",
+        "mode": f"trainer {finetune} {args.dtype}",
         "tokens_per_step": timed[0]["tokens"],
         "tokens_per_s": sum(m["tokens"] for m in timed) / sum(m["train_s"] for m in timed),
         "step_s": sum(m["train_s"] for m in timed) / len(timed),
-        "gate_and_save_s": sum(m.get("batch_to_serving_s", 0) - m["train_s"] for m in timed) / len(timed),
+        "gate_and_save_s": sum(m["wall_s"] - m["train_s"] for m in timed) / len(timed),
         "peak_mb": _peak_mb(str(trainer.policy.accelerator.device)),
         "status": [r["gate"]["ok"] for r in timed],
     }
@@ -215,6 +217,8 @@ def main() -> None:
                    help="comma-separated, of baseline, full, lora (full fine-tuning of a 1.5B model in "
                         "float32 needs ~25 GB: --modes lora there)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="trainer.gradient_checkpointing")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="trainer.dtype (the trainer modes): bfloat16 needs a CPU with AVX512-BF16 or AMX to pay")
     p.add_argument("--one", choices=["full", "lora", "baseline", "engine"], help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -229,7 +233,7 @@ def main() -> None:
     for mode in modes:
         cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--device", args.device,
                "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-               "--completion-tokens", str(args.completion_tokens)] + (
+               "--completion-tokens", str(args.completion_tokens), "--dtype", args.dtype] + (
                    ["--gradient-checkpointing"] if args.gradient_checkpointing else []) + (
                    ["--threads", str(args.threads)] if args.threads else []) + (
                    ["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
@@ -247,10 +251,11 @@ def main() -> None:
     print(f"\nmodel={args.model} device={args.device} batch={args.batch_size} x ~{args.completion_tokens} "
           f"completion tokens, prompts ~{args.prompt_tokens or 60} tokens, {args.steps} timed steps, torch threads={args.threads or 'default'}, "
           f"cores={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'mode':34} {'tokens/s':>9} {'step s':>8} {'peak MB':>9}")
+    print(f"{'mode':34} {'tokens/s':>9} {'step s':>8} {'gate+save s':>12} {'peak MB':>9}")
     for r in results:
         if "tokens_per_s" in r:
-            print(f"{r['mode']:34} {r['tokens_per_s']:9.0f} {r['step_s']:8.2f} {r['peak_mb']:9.0f}")
+            print(f"{r['mode']:34} {r['tokens_per_s']:9.0f} {r['step_s']:8.2f} "
+                  f"{r.get('gate_and_save_s', 0.0):12.1f} {r['peak_mb']:9.0f}")
     for r in results:
         if "batch_to_serving_s" in r:
             print(f"batch ready -> new weights serving: {r['batch_to_serving_s']:.1f} s "

@@ -288,6 +288,15 @@ def parse_rope_scaling(value: Any) -> dict[str, Any] | None:
     return value
 
 
+def cpu_has_bf16() -> bool:
+    """The CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo (no torch here)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 @dataclass
 class Config:
     __pydantic_config__ = STRICT
@@ -308,6 +317,10 @@ class Config:
                 "float32" if self.engine.device == "cpu" else "bfloat16")
         if self.trainer.finetune == "auto":
             self.trainer.finetune = named.finetune if named else "full"
+        if self.trainer.dtype == "auto":
+            # full fine-tuning keeps float32 weights: an Adam step of 1e-5 vanishes in bfloat16
+            fast = self.engine.device != "cpu" or cpu_has_bf16()
+            self.trainer.dtype = "bfloat16" if self.trainer.finetune == "lora" and fast else "float32"
 
     @property
     def data_path(self) -> Path:

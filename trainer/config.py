@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from clawproxy.fields import STRICT, Dtype, setting
+from clawproxy.fields import STRICT, setting
 
 # A canary needs a stable greedy answer and a clean base answer, or any step flips it to "newly"
 # degenerate; open-ended ones show the loops that short answers never do (bench/results/README.md).
@@ -94,7 +94,10 @@ class TrainerConfig:
     lora_alpha: int = setting(32, "LoRA alpha.", ge=1)
     lora_dropout: float = setting(0.0, "LoRA dropout.", ge=0, lt=1)
     lora_target_modules: str = setting("all-linear", "PEFT target_modules ('all-linear' or comma-separated names).")
-    dtype: Dtype = setting("float32", "Dtype the trainer loads weights in (bfloat16 on GPUs).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", "Dtype the trainer loads the model in. auto: bfloat16 under a LoRA adapter (its own weights "
+        "stay float32) on a GPU or a CPU with bfloat16 instructions (AVX512-BF16, AMX), else float32."
+    )
     gradient_checkpointing: bool = setting(False, "Trade compute for memory on long sequences.")
     keep_checkpoints: int = setting(
         5, "Published checkpoints kept on disk (K; at least 1, the current one); older dirs are deleted.", ge=1

@@ -95,3 +95,33 @@ def test_upstream_with_credentials_is_refused():
     assert "apiKey" in e.value.message and "sk-x" not in e.value.message
     assert load_config(None, {"proxy.upstream": "http://127.0.0.1:8000/v1"}).proxy.upstream == \
         "http://127.0.0.1:8000"
+
+
+@pytest.mark.parametrize(("finetune", "device", "bf16_cpu", "want"), [
+    ("lora", "cpu", True, "bfloat16"),
+    ("lora", "cpu", False, "float32"),   # no bf16 instructions: emulated bf16 is slower than float32
+    ("lora", "cuda", False, "bfloat16"),
+    ("full", "cpu", True, "float32"),    # full fine-tuning's own weights stay float32
+    ("full", "cuda", True, "float32"),
+])
+def test_trainer_dtype_auto(monkeypatch, finetune, device, bf16_cpu, want):
+    import clawproxy.config
+
+    monkeypatch.setattr(clawproxy.config, "cpu_has_bf16", lambda: bf16_cpu)
+    cfg = load_config(None, {"trainer.finetune": finetune, "engine.device": device})
+    assert cfg.trainer.dtype == want
+    assert load_config(None, {"trainer.finetune": finetune, "trainer.dtype": "float32"}).trainer.dtype == "float32"
+
+
+def test_a_lora_adapter_trains_in_float32_on_a_bfloat16_model(tmp_path, tiny_model_dir):
+    import torch
+
+    from trainer.checkpoints import Version
+    from trainer.policy import load_policy
+
+    cfg = load_config(None, {"data_dir": str(tmp_path), "engine.model": str(tiny_model_dir),
+                             "trainer.finetune": "lora", "trainer.dtype": "bfloat16"})
+    model, _ = load_policy(cfg.trainer, tiny_model_dir, Version(0, tiny_model_dir, "full"))
+    trained = {p.dtype for p in model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16}
