@@ -27,6 +27,7 @@ SHARED = {
     "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)
     "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
     "clawproxy.users",  # a user's adapter name: the proxy routes to it, the trainer publishes under it
+    "clawproxy.simulate.measure",  # the adoption curve file: `clawproxy stats` shows it as the dashboard does
 }
 WIRING = {"clawproxy/config.py", "clawproxy/cli.py", "clawproxy/supervisor.py"}  # where the parts are wired
 

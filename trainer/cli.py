@@ -249,6 +249,7 @@ def stats(config_path, data_dir, as_json, plot_path, user) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from clawproxy.simulate.measure import adoption_curves
     from clawproxy.store import Store
 
     cfg = build_config(config_path, data_dir)
@@ -258,6 +259,7 @@ def stats(config_path, data_dir, as_json, plot_path, user) -> None:
             raise click.ClickException(f"no user {user!r}; `clawproxy users` lists them.")
         data = collect_stats(store, user)
         data["quarantined_turns"] = store.quarantine_count()  # turns the recorder could not store
+        data["simulate"] = adoption_curves(cfg.data_path, user)  # the curve the dashboard draws
     finally:
         store.close()
     if plot_path:
@@ -292,3 +294,6 @@ def stats(config_path, data_dir, as_json, plot_path, user) -> None:
             f"{k or 'unrecorded'} {n}" for k, n in sorted(data["trained_by_kind"].items())))
     if data["skipped_by_reason"]:
         console.print("skipped samples: " + ", ".join(f"{k} {n}" for k, n in sorted(data["skipped_by_reason"].items())))
+    for c in data["simulate"]:
+        console.print(f"held-out adoption ({c['label']}, `clawproxy simulate`): " + ", ".join(
+            f"{p['x']} -> {p['y']:.2f}" for p in c["points"]))

@@ -164,6 +164,21 @@ def read_json(path: str | os.PathLike) -> list[Curve]:
     return [Curve.from_dict(c) for c in doc["curves"]]
 
 
+def adoption_curves(data_path: str | os.PathLike, user: str | None = None) -> list[dict[str, Any]]:
+    """The held-out adoption curve(s) `clawproxy simulate` left in a data dir (``simulate/curve.json``),
+    as label and points (x interactions, y adoption), for `clawproxy stats` and the dashboard alike;
+    with ``user``, that user's curve only. None when there is no readable file."""
+    path = Path(data_path) / "simulate" / "curve.json"
+    if not path.exists():
+        return []
+    try:
+        curves = read_json(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [{"label": c.label or c.persona, "points": [{"x": p.interactions, "y": p.adoption} for p in c.points]}
+            for c in curves if user is None or c.user == user]
+
+
 def plot_png(path: str | os.PathLike, curves: Sequence[Curve], title: str | None = None) -> Path:
     """Adoption (solid) and degenerate share (dotted) against interactions, one colour per curve."""
     import matplotlib

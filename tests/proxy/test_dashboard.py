@@ -285,6 +285,17 @@ def test_learning_charts_have_a_point_per_step_and_version(stack, browser, artif
     assert _chart(browser, "chart-score-time")["data"][0]
     adoption = _chart(browser, "chart-adoption")["data"]
     assert adoption == [[{"x": 0, "y": 0.0}, {"x": 12, "y": 0.25}, {"x": 24, "y": 0.5}]]
+    # `clawproxy stats` shows the same curve
+    from click.testing import CliRunner
+
+    from clawproxy.cli import main
+
+    res = CliRunner().invoke(main, ["stats", "--json", "--data-dir", str(stack["data"])])
+    assert res.exit_code == 0, res.output
+    assert [c["points"] for c in json.loads(res.output)["simulate"]] == adoption
+    res = CliRunner().invoke(main, ["stats", "--data-dir", str(stack["data"])])
+    text = " ".join(res.output.split())  # rich wraps at 80 columns
+    assert "held-out adoption (concise, `clawproxy simulate`): 0 -> 0.00, 12 -> 0.25, 24 -> 0.50" in text
     _shot(browser, artifacts, "learning")
 
 

@@ -252,3 +252,18 @@ def test_live_table_keeps_every_column_in_a_log_file(capsys):
     LiveTable().add("combined/full", make_point(36, graded, 7, 1234.0))
     out = capsys.readouterr().out
     assert "t (s)" in out and "1234" in out and "cut off" in out
+
+
+def test_adoption_curves_read_what_simulate_wrote_per_user(tmp_path):
+    from clawproxy.simulate.measure import Curve, adoption_curves, make_point, write_json
+
+    assert adoption_curves(tmp_path) == []
+    (tmp_path / "simulate").mkdir()
+    (tmp_path / "simulate" / "curve.json").write_text("{not json")
+    assert adoption_curves(tmp_path) == []  # a broken file hides the chart, never the page
+    mine = Curve("alice", "concise", "combined", points=[make_point(0, [], None, 0.0)], user="alice")
+    theirs = Curve("bob", "bullets", "combined", points=[make_point(0, [], None, 0.0), make_point(12, [], None, 0.0)],
+                   user="bob")
+    write_json(tmp_path / "simulate" / "curve.json", [mine, theirs])
+    assert [c["label"] for c in adoption_curves(tmp_path)] == ["alice", "bob"]
+    assert adoption_curves(tmp_path, "bob") == [{"label": "bob", "points": [{"x": 0, "y": 0.0}, {"x": 12, "y": 0.0}]}]

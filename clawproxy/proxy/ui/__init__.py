@@ -38,6 +38,7 @@ from aiohttp import web
 from clawproxy.config import Config
 from clawproxy.edge import check_control, error_response, query_int, same_origin, same_secret
 from clawproxy.errors import ClawproxyError, Forbidden, NotFound, RequestError, StoreError
+from clawproxy.simulate.measure import adoption_curves
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
 
@@ -306,22 +307,7 @@ def _learning(s: Store, cfg: Config) -> dict[str, Any]:
         r["after_step"] = sum(1 for st in steps if st["t"] <= r["ts"])
     over_time = [{"t": r["t"], "mean": r["mean"], "n": r["n"]} for r in s.mean_score_over_time(SCORE_BUCKET_S)]
     return {"per_version": per_version, "over_time": over_time, "steps": steps, "rollbacks": rollbacks,
-            "simulate": _simulate_curves(cfg)}
-
-
-def _simulate_curves(cfg: Config) -> list[dict[str, Any]]:
-    """The held-out adoption curve(s) of `clawproxy simulate` runs on this data dir, if any."""
-    from clawproxy.simulate.measure import read_json
-
-    path = cfg.data_path / "simulate" / "curve.json"
-    if not path.exists():
-        return []
-    try:
-        curves = read_json(path)
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    return [{"label": c.label or c.persona, "points": [{"x": p.interactions, "y": p.adoption} for p in c.points]}
-            for c in curves]
+            "simulate": adoption_curves(cfg.data_path)}
 
 
 @guarded
