@@ -167,7 +167,7 @@ def read_json(path: str | os.PathLike) -> list[Curve]:
 def adoption_curves(data_path: str | os.PathLike, user: str | None = None) -> list[dict[str, Any]]:
     """The held-out adoption curve(s) `clawproxy simulate` left in a data dir (``simulate/curve.json``),
     as label and points (x interactions, y adoption), for `clawproxy stats` and the dashboard alike;
-    with ``user``, that user's curve only. None when there is no readable file."""
+    with ``user``, that user's curve only; empty when there is no readable file."""
     path = Path(data_path) / "simulate" / "curve.json"
     if not path.exists():
         return []
