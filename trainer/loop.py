@@ -507,7 +507,8 @@ class Trainer:
             log.info("training %s from v%d", _whose(batch.owner), batch.serving.version)
             self._switch(batch.owner, batch.serving)
         elif batch.serving.version != self.current.version:
-            log.info("serving version changed to v%d outside this trainer; reloading it", batch.serving.version)
+            if self.current.version >= 0:  # -1: a removed user's weights were just dropped, nothing changed elsewhere
+                log.info("serving version changed to v%d outside this trainer; reloading it", batch.serving.version)
             self._restore(batch.serving)
         return batch
 

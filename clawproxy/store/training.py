@@ -51,8 +51,9 @@ class Training(Core):
         return self.query_one("SELECT version, path, kind, status, user FROM checkpoints WHERE version=?", (version,))
 
     def checkpoints(self) -> list[dict[str, Any]]:
-        """Every checkpoint row, oldest first (``gate`` decoded)."""
-        return self.query("SELECT version, kind, status, created_at, step_id, gate FROM checkpoints ORDER BY version")
+        """Every checkpoint row, oldest first (``gate`` decoded; ``user``: whose adapter, None the shared one)."""
+        return self.query("SELECT version, kind, status, created_at, step_id, gate, user FROM checkpoints "
+                          "ORDER BY version")
 
     def max_checkpoint_version(self) -> int:
         """The highest version ever recorded (published, refused or deleted), 0 when none."""

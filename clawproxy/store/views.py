@@ -48,7 +48,7 @@ class Views(Core):
     def checkpoints_of(self, user: str) -> list[dict[str, Any]]:
         """``user``'s own checkpoints and the shared ones that served them, oldest first."""
         return self.query(
-            "SELECT version, kind, status, created_at, step_id, gate FROM checkpoints WHERE user = ? "
+            "SELECT version, kind, status, created_at, step_id, gate, user FROM checkpoints WHERE user = ? "
             "OR (user IS NULL AND version IN (SELECT weight_version FROM turns WHERE user = ?)) ORDER BY version",
             (user, user))
 
@@ -109,13 +109,13 @@ class Views(Core):
             kinds,
         )
 
-    def steps_with_samples(self) -> list[dict[str, Any]]:
+    def steps_with_samples(self, of_user: str | None = None) -> list[dict[str, Any]]:
         """Every train step, oldest first: id, created_at, method, status, base/new version, metrics,
         and ``samples``, the turns it trained on."""
         return self.query(
             "SELECT s.id, s.created_at, s.method, s.status, s.base_version, s.new_version, s.metrics, "
             "(SELECT COUNT(*) FROM trained_samples ts WHERE ts.step_id = s.id) AS samples "
-            "FROM train_steps s ORDER BY s.id"
+            f"FROM train_steps s WHERE {_OF_STEP} ORDER BY s.id", (of_user, of_user)
         )
 
     def last_step(self) -> dict[str, Any] | None:
@@ -123,12 +123,13 @@ class Views(Core):
         return self.query_one("SELECT id, created_at, status, base_version, new_version, metrics FROM train_steps "
                               "ORDER BY id DESC LIMIT 1")
 
-    def mean_score_over_time(self, bucket_s: float) -> list[dict[str, Any]]:
+    def mean_score_over_time(self, bucket_s: float, of_user: str | None = None) -> list[dict[str, Any]]:
         """Mean judge score of main turns per ``bucket_s`` of their recording time: t (bucket start), mean, n."""
         return self.query(
             "SELECT CAST(t.created_at / ? AS INTEGER) * ? AS t, AVG(j.score) AS mean, COUNT(*) AS n "
-            "FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' GROUP BY 1 ORDER BY 1",
-            (bucket_s, bucket_s),
+            f"FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE t.kind='main' AND {_OF_TURN} "
+            "GROUP BY 1 ORDER BY 1",
+            (bucket_s, bucket_s, of_user, of_user),
         )
 
     def turns_after(self, after_id: int, limit: int) -> list[dict[str, Any]]:

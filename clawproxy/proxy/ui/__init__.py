@@ -246,10 +246,20 @@ async def sessions(request: web.Request) -> web.Response:
     trainable = {"yes": True, "no": False}.get(q.get("trainable", ""))
     score = q.get("score") if q.get("score") in ("pos", "neg", "zero", "none") else None
     user = q.get("user") or None
-    rows = await request.app[UI_KEY].read(lambda s: s.list_sessions(500, trainable=trainable, score=score,
-                                                                     user=user))
-    return _page(request, "sessions.html", {"sessions": rows, "trainable": q.get("trainable", ""),
-                                            "score": score or ""})
+
+    def read(s: Store) -> dict[str, Any]:
+        return {"sessions": s.list_sessions(500, trainable=trainable, score=score, user=user), **_of_user(s, user)}
+
+    data = await request.app[UI_KEY].read(read)
+    return _page(request, "sessions.html", {**data, "trainable": q.get("trainable", ""), "score": score or ""})
+
+
+def _of_user(s: Store, user: str | None) -> dict[str, Any]:
+    """The page's user picker: every user's name and the one chosen (None: everyone); an unknown name is a 404."""
+    names = [u["name"] for u in s.list_users()]
+    if user is not None and user not in names:
+        raise NotFound(f"no user {user!r}" + (f" (users: {', '.join(names)})" if names else ": this proxy has no users"))
+    return {"users": names, "user": user}
 
 
 @guarded
@@ -280,50 +290,67 @@ async def session(request: web.Request) -> web.Response:
 @guarded
 async def learning(request: web.Request) -> web.Response:
     ui = request.app[UI_KEY]
-    data = await ui.read(lambda s: _learning(s, ui.cfg))
+    user = request.query.get("user") or None
+    data = await ui.read(lambda s: {**_of_user(s, user), **_learning(s, ui.cfg, user)})
+    pick = {"users": data.pop("users"), "user": data.pop("user")}
     # Inside <script> only "</" could end the element: "<" is escaped the way JSON allows.
     data_json = orjson.dumps(data).decode().replace("<", "\\u003c")
-    return _page(request, "learning.html", {"data": data, "data_json": data_json})
+    return _page(request, "learning.html", {"data": data, "data_json": data_json, **pick})
 
 
 @guarded
 async def api_learning(request: web.Request) -> web.Response:
     ui = request.app[UI_KEY]
-    return _json(await ui.read(lambda s: _learning(s, ui.cfg)))
+    user = request.query.get("user") or None
+
+    def read(s: Store) -> dict[str, Any]:
+        _of_user(s, user)
+        return _learning(s, ui.cfg, user)
+
+    return _json(await ui.read(read))
 
 
-def _learning(s: Store, cfg: Config) -> dict[str, Any]:
-    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in s.events_of("rollback")]
+def _learning(s: Store, cfg: Config, user: str | None = None) -> dict[str, Any]:
+    """The learning page's data: everyone's, or with ``user`` that user's turns, steps, rollbacks and curve."""
+    rollbacks = [{"ts": r["ts"], **(r["data"] or {})} for r in s.events_of("rollback")
+                 if user is None or (r["data"] or {}).get("user") == user]
     rolled = {r.get("new_version") for r in rollbacks}
     per_version = [{"v": r["v"] or 0, "mean": r["mean"], "judged": r["judged"], "rollback": (r["v"] or 0) in rolled}
-                   for r in sorted(s.served_turns_per_version(), key=lambda r: r["v"] or 0) if r["judged"]]
+                   for r in sorted(s.served_turns_per_version(user), key=lambda r: r["v"] or 0) if r["judged"]]
     steps = []
-    for st in s.steps_with_samples():
+    for st in s.steps_with_samples(user):
         m = st["metrics"] or {}
         steps.append({"id": st["id"], "t": st["created_at"], "status": st["status"], "samples": st["samples"],
                       "loss": m.get("loss"), "kl": m.get("kl"), "clip_frac": m.get("clip_frac"),
                       "failed": (m.get("gate") or {}).get("failed", []) if st["status"] == "gate_failed" else []})
     for r in rollbacks:  # drawn between the steps it came after and before
         r["after_step"] = sum(1 for st in steps if st["t"] <= r["ts"])
-    over_time = [{"t": r["t"], "mean": r["mean"], "n": r["n"]} for r in s.mean_score_over_time(SCORE_BUCKET_S)]
+    over_time = [{"t": r["t"], "mean": r["mean"], "n": r["n"]}
+                 for r in s.mean_score_over_time(SCORE_BUCKET_S, user)]
     return {"per_version": per_version, "over_time": over_time, "steps": steps, "rollbacks": rollbacks,
-            "simulate": adoption_curves(cfg.data_path)}
+            "simulate": adoption_curves(cfg.data_path, user)}
 
 
 @guarded
 async def versions(request: web.Request) -> web.Response:
+    """Every checkpoint, or with ``user`` that user's and the shared ones that served them; a rollback
+    moves one adapter's chain (the shared one, or the chosen user's), so only its versions offer one."""
+    user = request.query.get("user") or None
+
     def read(s: Store) -> dict[str, Any]:
-        steps = {st["id"]: st for st in s.steps_with_samples()}
-        current = s.latest_weight_version()
+        pick = _of_user(s, user)
+        steps = {st["id"]: st for st in s.steps_with_samples(user)}
+        current = s.latest_weight_version(user)
         rows = [{"version": 0, "source": "base model", "status": "base", "created_at": None, "gate": None,
-                 "step": None, "rollback_ok": current != 0}]
-        for c in s.checkpoints():
+                 "user": None, "step": None, "rollback_ok": current != 0}]
+        for c in s.checkpoints() if user is None else s.checkpoints_of(user):
             gate = c["gate"] or {}
             source = f"rollback to v{gate['rollback_of']}" if "rollback_of" in gate else f"step {c['step_id']}"
             rows.append({**c, "source": source, "step": steps.get(c["step_id"]),
-                         "rollback_ok": c["status"] == "published" and c["version"] != current})
+                         "rollback_ok": c["status"] == "published" and c["version"] != current
+                         and c["user"] == user})
         refused = [st for st in steps.values() if st["status"] != "published"]
-        return {"versions": rows, "current": current, "refused": refused}
+        return {"versions": rows, "current": current, "refused": refused, **pick}
 
     data = await request.app[UI_KEY].read(read)
     q = request.query
@@ -341,25 +368,26 @@ async def rollback(request: web.Request) -> web.Response:
         return error_response(Forbidden("missing or wrong CSRF token: reload the dashboard and try again",
                                         code="csrf"))
     version = form.get("version") or ""
+    user = str(form.get("user") or "")
     if version and not str(version).isdigit():
-        return _back(error=f"not a version: {version!r}")
+        return _back(user, error=f"not a version: {version!r}")
     ui = request.app[UI_KEY]
     if ui.rollback_task is not None and not ui.rollback_task.done():
-        return _back(error="a rollback is already running")
-    ui.rollback_task = asyncio.create_task(_run_rollback(ui.cfg, str(version) or None),
+        return _back(user, error="a rollback is already running")
+    ui.rollback_task = asyncio.create_task(_run_rollback(ui.cfg, str(version) or None, user or None),
                                            name="clawproxy-ui-rollback")
     ok, out = await asyncio.shield(ui.rollback_task)
-    return _back(**({"done": out} if ok else {"error": out}))
+    return _back(user, **({"done": out} if ok else {"error": out}))
 
 
-def _back(**msg: str) -> web.Response:
-    raise web.HTTPSeeOther(f"{PREFIX}/versions?{urlencode(msg)}")
+def _back(user: str, **msg: str) -> web.Response:
+    raise web.HTTPSeeOther(f"{PREFIX}/versions?{urlencode({**({'user': user} if user else {}), **msg})}")
 
 
-async def _run_rollback(cfg: Config, version: str | None) -> tuple[bool, str]:
-    """``clawproxy rollback [VERSION]`` against this proxy's data dir and upstream: (ok, its last line)."""
+async def _run_rollback(cfg: Config, version: str | None, user: str | None = None) -> tuple[bool, str]:
+    """``clawproxy rollback [VERSION] [--user NAME]`` against this proxy's data dir and upstream: (ok, its last line)."""
     argv = [sys.executable, "-m", "clawproxy.cli", "rollback", *([version] if version else []),
-            "--data-dir", str(cfg.data_path)]
+            *(["--user", user] if user else []), "--data-dir", str(cfg.data_path)]
     run_config = cfg.data_path / "run-config.yaml"  # what `clawproxy start` gave its children
     if run_config.exists():
         argv += ["--config", str(run_config)]

@@ -123,7 +123,7 @@
       if (recent && d.turns.length) { addTurns(d.turns); after = d.ids.turn; }
       const changed = last && (d.ids.step !== last.step || d.ids.judged !== last.judged || d.ids.event !== last.event);
       if (learning && changed) {
-        const lr = await fetch(`${prefix}/api/learning`, { cache: "no-store" });
+        const lr = await fetch(`${prefix}/api/learning${location.search}`, { cache: "no-store" });  // ?user= kept
         if (lr.ok) drawCharts(await lr.json());
       }
       last = d.ids;
