@@ -38,6 +38,10 @@ class Users(Core):
         """Every user's name, key_hash and shared: the proxy's key map (read every second, so no counts)."""
         return self.query("SELECT name, key_hash, shared FROM users")
 
+    def user_names(self) -> list[str]:
+        """Every user's name, sorted (the dashboard's picker: no counts to compute)."""
+        return [r["name"] for r in self.query("SELECT name FROM users ORDER BY name")]
+
     def has_users(self) -> bool:
         return self.query_one("SELECT 1 AS x FROM users LIMIT 1") is not None
 

@@ -256,7 +256,7 @@ async def sessions(request: web.Request) -> web.Response:
 
 def _of_user(s: Store, user: str | None) -> dict[str, Any]:
     """The page's user picker: every user's name and the one chosen (None: everyone); an unknown name is a 404."""
-    names = [u["name"] for u in s.list_users()]
+    names = s.user_names()
     if user is not None and user not in names:
         raise NotFound(f"no user {user!r}" + (f" (users: {', '.join(names)})" if names else ": this proxy has no users"))
     return {"users": names, "user": user}
