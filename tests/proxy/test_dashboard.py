@@ -530,9 +530,12 @@ async def test_learning_and_versions_show_one_users_adapter_and_roll_back_only_i
     from tests.proxy.test_users import _add_users
 
     rig = await make_rig()
-    _add_users(rig.cfg, ("alice", False), ("bob", False))
+    _add_users(rig.cfg, ("alice", False), ("bob", False), ("carl", True))
     s = rig.store()
     try:  # what the trainer and `clawproxy rollback --user alice` record
+        shared = s.record_step(method="combined", base_version=0, new_version=5, status="published",
+                               metrics={}, kinds={}, checkpoint={"path": "/s", "kind": "lora", "gate": {"ok": True},
+                                                                 "engine": True})
         ckpt = {"path": "/x", "kind": "lora", "gate": {"ok": True}, "engine": True}
         a = s.record_step(method="combined", base_version=0, new_version=1, status="published",
                           metrics={"loss": 0.1}, kinds={}, checkpoint=ckpt, owner="alice")
@@ -550,7 +553,7 @@ async def test_learning_and_versions_show_one_users_adapter_and_roll_back_only_i
         theirs = await r.json()
     assert [st["id"] for st in theirs["steps"]] == [b] and theirs["rollbacks"] == []
     async with rig.client.get(ui + "/api/learning") as r:
-        assert [st["id"] for st in (await r.json())["steps"]] == [a, b]
+        assert [st["id"] for st in (await r.json())["steps"]] == [shared, a, b]
     for path in ("/api/learning?user=carol", "/learning?user=carol", "/versions?user=carol", "/sessions?user=carol"):
         async with rig.client.get(ui + path) as r:
             assert r.status == 404, path
@@ -564,10 +567,15 @@ async def test_learning_and_versions_show_one_users_adapter_and_roll_back_only_i
     assert 'data-version="1"' in page and 'data-version="3"' in page and 'data-version="2"' not in page
     assert 'id="rollback-1"' in page and 'id="rollback-0"' in page and 'id="rollback-3"' not in page
     assert page.count('<input type="hidden" name="user" value="alice">') == 2
+    # carl shares and has no adapter of his own: the shared v5 serves him, and nothing of his can move
+    async with rig.client.get(ui + "/versions?user=carl") as r:
+        page = await r.text()
+    assert 'id="current-version">v5<' in page and 'id="rollback-' not in page
     # everyone's page: no user adapter is rolled back from there (its rollback moves the shared chain)
     async with rig.client.get(ui + "/versions") as r:
         page = await r.text()
     assert 'data-version="2"' in page and 'id="rollback-1"' not in page and 'id="rollback-2"' not in page
+    assert 'id="rollback-0"' in page  # the shared chain, serving v5, can go back to the base
     token = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
 
     argvs = []

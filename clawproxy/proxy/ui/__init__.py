@@ -341,8 +341,10 @@ async def versions(request: web.Request) -> web.Response:
         pick = _of_user(s, user)
         steps = {st["id"]: st for st in s.steps_with_samples(user)}
         current = s.latest_weight_version(user)
+        # a user still served by the shared adapter has no chain of their own to move (as `clawproxy rollback`)
+        movable = current != 0 and (user is None or s.serving_checkpoint(user) is not None)
         rows = [{"version": 0, "source": "base model", "status": "base", "created_at": None, "gate": None,
-                 "user": None, "step": None, "rollback_ok": current != 0}]
+                 "user": None, "step": None, "rollback_ok": movable}]
         for c in s.checkpoints() if user is None else s.checkpoints_of(user):
             gate = c["gate"] or {}
             source = f"rollback to v{gate['rollback_of']}" if "rollback_of" in gate else f"step {c['step_id']}"
