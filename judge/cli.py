@@ -31,7 +31,7 @@ def judge() -> None:
 def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
     """Judge every trainable main turn that has a next state and no judgment yet."""
     from clawproxy.store import Store
-    from judge.voters import build_voter
+    from judge.voters import build_hint_writer, build_voter
     from judge.worker import Worker
 
     cfg = build_config(config_path, data_dir, **{"judge.voter": voter, "judge.votes": votes})
@@ -45,7 +45,8 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     store = None
     try:
         store = Store(cfg.db_path)
-        worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size)
+        worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
+                        hint_writer=build_hint_writer(cfg))
         total = None if follow else store.judge_backlog()["pending"]
         if limit is not None and total is not None:
             total = min(total, limit)

@@ -9,6 +9,7 @@ from clawproxy.fields import STRICT, setting
 
 Voter = Literal["embedding", "llm", "lexical"]
 VOTERS = get_args(Voter)
+HintSource = Literal["quote", "llm"]
 
 
 @dataclass
@@ -30,6 +31,12 @@ class JudgeConfig:
     llm_model: str | None = setting(
         None, "Model name for the LLM voter (default: the supervised engine's base model, never the "
         "adapter being trained; the first of /v1/models for any other server)."
+    )
+    hints: HintSource = setting(
+        "quote",
+        "OPD hints of -1 turns: 'quote' (the user's corrective words, or the LLM voter's own hint) or "
+        "'llm' (the LLM endpoint below rewrites the user's reaction as one instruction; the voter "
+        "still decides the score).",
     )
     temperature: float = setting(0.7, "Sampling temperature of the LLM voter.", ge=0.0, le=2.0)
     llm_max_tokens: int = setting(

@@ -83,3 +83,63 @@ def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
     if c.overlap >= 0.5:
         return f"The user had to repeat the request: '{said}'. Answer exactly that, directly."
     return f"The user replied: '{said}'. Follow that."
+
+
+# -- hints written by an LLM from the user's reaction (judge.hints: llm) --------------------------
+
+WRITER_PROMPT = """You turn a user's reaction to an AI assistant's answer into one instruction for the
+assistant: what to do differently when it answers again. One sentence, at most 20 words, starting
+with a verb. State the user's wish as a rule; never answer the request and never repeat a new
+question the user asks. If the reaction asks for no change, write: none"""
+
+# (request, answer, reaction, instruction): generic cases, none from the simulator's banks
+WRITER_EXAMPLES = (
+    ("Write a note to my landlord about the broken heater.",
+     "Dear Sir or Madam, I am writing to formally notify you of a malfunction concerning...",
+     "way too stiff, he's a friend. Also can you check my rent math?",
+     "Write in a warm, casual tone, as to a friend."),
+    ("When did the first moon landing happen?", "The first moon landing was in 1972.",
+     "no, that's wrong",
+     "Check the facts before answering: the date given was wrong."),
+    ("How do I list files in a folder?",
+     "Great question! There are many ways to list files. In this answer we will explore...",
+     "skip the intro, just the command",
+     "Give the command first, with no introduction."),
+    ("What's a good name for a cat?", "Whiskers, Luna or Milo.", "thanks! what about a dog?", "none"),
+)
+
+WRITER_TEMPLATE = """Request: {request}
+Answer: {response}
+Reaction: {next_state}"""
+
+MAX_WRITTEN = 300
+_PREFIX = re.compile(r"^\s*(?:\**\s*instruction\s*\**\s*[:\-]\s*)", re.IGNORECASE)
+
+
+def writer_prompt(inp: JudgeInput) -> list[dict[str, str]]:
+    # the answer is cut: the writer needs its shape, not all of it, and the prompt stays cheap on a CPU
+    messages = [{"role": "system", "content": WRITER_PROMPT}]
+    for request, response, reaction, instruction in WRITER_EXAMPLES:
+        messages.append({"role": "user", "content": WRITER_TEMPLATE.format(
+            request=request, response=response, next_state=reaction)})
+        messages.append({"role": "assistant", "content": instruction})
+    messages.append({"role": "user", "content": WRITER_TEMPLATE.format(
+        request=_clip(inp.request, 1000), response=_clip(inp.response, 1500),
+        next_state=_clip(inp.next_state, 1000))})
+    return messages
+
+
+def _clip(text: str, n: int) -> str:
+    text = text.strip() or "(empty)"
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def parse_written(raw: str) -> str | None:
+    """The first non-empty line of the writer's answer, or None for 'none' or nothing usable."""
+    line = next((x for x in (raw or "").splitlines() if x.strip()), "")
+    line = _PREFIX.sub("", line).strip().strip('"“”').strip()
+    if line.lower().rstrip(".") in {"", "none", "n/a", "no instruction"} or len(line.split()) < 2:
+        return None
+    if len(line) > MAX_WRITTEN:
+        line = line[: MAX_WRITTEN - 1].rstrip() + "…"
+    return line

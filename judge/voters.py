@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from clawproxy.errors import UpstreamError
 from clawproxy.httpjson import request_json, strip_v1
 from judge.extract import JudgeInput
-from judge.hints import feedback_hint
+from judge.hints import feedback_hint, parse_written, writer_prompt
 from judge.lexical import cues, lexical_score, tool_failed
 
 
@@ -294,10 +294,40 @@ def build_voter(cfg: Any, name: str | None = None) -> Voter:
     if name == "lexical":
         return LexicalVoter()
     if name == "llm":
-        url = cfg.judge.llm_url or cfg.engine_url
-        model = cfg.judge.llm_model
-        if model is None and cfg.judge.llm_url is None and cfg.proxy.upstream is None:
-            model = cfg.engine.served_name  # the frozen base weights by name, never the adapter in training
+        url, model = _llm_endpoint(cfg)
         return LLMVoter(url, model, cfg.judge.temperature,
                         max_tokens=cfg.judge.llm_max_tokens, timeout_s=cfg.judge.llm_timeout_s)
     raise ValueError(f"unknown voter {name!r}: use embedding, llm or lexical")
+
+
+def _llm_endpoint(cfg: Any) -> tuple[str, str | None]:
+    url = cfg.judge.llm_url or cfg.engine_url
+    model = cfg.judge.llm_model
+    if model is None and cfg.judge.llm_url is None and cfg.proxy.upstream is None:
+        model = cfg.engine.served_name  # the frozen base weights by name, never the adapter in training
+    return url, model
+
+
+class HintWriter:
+    """Rewrites the user's reaction to a -1 turn as one instruction (``judge.hints: llm``).
+
+    The quoted reaction is a weak teacher when it is bare impatience or runs on into the next
+    question; the instruction names what to change. Greedy, so one turn always gets the same hint.
+    """
+
+    def __init__(self, llm: LLMVoter) -> None:
+        self.llm = llm
+
+    def write(self, inp: JudgeInput) -> str | None:
+        """The instruction, or None when the writer finds nothing to change (keep the quote then)."""
+        if inp.role != "user" or not inp.next_state.strip():
+            return None
+        return parse_written(self.llm.complete(writer_prompt(inp))[0])
+
+
+def build_hint_writer(cfg: Any) -> HintWriter | None:
+    """The hint writer ``cfg.judge.hints`` asks for, or None for quoted hints."""
+    if cfg.judge.hints != "llm":
+        return None
+    url, model = _llm_endpoint(cfg)
+    return HintWriter(LLMVoter(url, model, temperature=0.0, max_tokens=60, timeout_s=cfg.judge.llm_timeout_s))

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clawproxy.store import Store
-from judge.extract import from_turn
-from judge.voters import Vote, Voter, cast, final_hint, majority
+from judge.extract import JudgeInput, from_turn
+from judge.voters import HintWriter, Vote, Voter, cast, final_hint, majority
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class Worker:
     batch_size: int = 16
     max_attempts: int = 3
     backoff_s: float = 2.0
+    hint_writer: HintWriter | None = None
     judged: int = 0
     _retry: dict[int, _Retry] = field(default_factory=dict)
 
@@ -62,10 +63,23 @@ class Worker:
                 return None
             return [Vote(None, error=f"{type(e).__name__}: {e}")] * self.votes
 
-    def write(self, turn_id: int, votes: list[Vote]) -> int | None:
+    def written_hint(self, turn: dict[str, Any], votes: list[Vote]) -> str | None:
+        """The hint writer's instruction for a -1 turn, or None (no writer, nothing to change, or
+        the writer failed: then the voters' own hint stands, and the turn is not held back)."""
+        if self.hint_writer is None or majority(votes) != -1:
+            return None
+        try:
+            inp: JudgeInput = from_turn(turn)
+            return self.hint_writer.write(inp)
+        except Exception as e:
+            log.warning("judge: hint writer failed on turn %s, keeping the voters' hint: %s: %s",
+                        turn["id"], type(e).__name__, e)
+            return None
+
+    def write(self, turn_id: int, votes: list[Vote], hint: str | None = None) -> int | None:
         """Write the votes and the judgment atomically; None if the turn was judged meanwhile."""
         score = majority(votes)
-        hint = final_hint(votes, score)
+        hint = (hint if score == -1 else None) or final_hint(votes, score)
         written = self.store.record_judgment(turn_id, score=score, hint=hint, voter=self.voter.name,
                                              votes=[asdict(v) for v in votes])
         return score if written else None
@@ -85,7 +99,7 @@ class Worker:
             self._retry[tid] = _Retry(attempt, time.monotonic() + delay)
             return None
         self._retry.pop(tid, None)
-        score = self.write(tid, votes)
+        score = self.write(tid, votes, self.written_hint(turn, votes))
         if score is not None:
             self.judged += 1
         return score

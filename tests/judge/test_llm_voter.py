@@ -113,3 +113,63 @@ def test_build_voter_defaults_to_the_engine_not_the_proxy():
     cfg = load_config(None, {"judge.voter": "llm", "proxy.upstream": "http://10.0.0.5:8000/v1",
                              "judge.llm_url": None})
     assert build_voter(cfg).base_url == "http://10.0.0.5:8000"
+
+
+# -- judge.hints: llm --------------------------------------------------------------------------
+
+def test_hint_writer_replaces_the_quote_and_the_voter_keeps_the_score(store):
+    import threading
+
+    from judge.voters import LexicalVoter, build_hint_writer
+    from judge.worker import Worker
+    from tests.judge.conftest import add_turn
+
+    bad = add_turn(store, "s1", request="explain recursion", response="(essay)",
+                   next_user="ugh, way too long")
+    vague = add_turn(store, "s1", request="and iteration?", response="(essay)", next_user="no. shorter!")
+    good = add_turn(store, "s2", request="capital of Peru?", response="Lima.", next_user="thanks!")
+    with FakeEngine(["Instruction: Answer in two sentences at most.", "none"]) as fake:
+        cfg = load_config(None, {"judge.hints": "llm", "judge.llm_url": fake.url + "/v1"})
+        writer = build_hint_writer(cfg)
+        Worker(store, LexicalVoter(), votes=3, hint_writer=writer).run(False, 0.01, threading.Event())
+    rows = {r["turn_id"]: r for r in store.query("SELECT * FROM judgments")}
+    assert rows[bad]["score"] == -1 and rows[bad]["hint"] == "Answer in two sentences at most."
+    assert rows[vague]["score"] == -1 and "shorter" in rows[vague]["hint"]  # 'none': the quote stands
+    assert rows[good]["score"] == 1 and rows[good]["hint"] is None
+    assert len(fake.requests) == 2  # only -1 turns are written for
+    body = fake.requests[0]
+    assert body["temperature"] == 0.0 and "ugh, way too long" in body["messages"][-1]["content"]
+    votes = store.query("SELECT hint FROM votes WHERE turn_id = ?", (bad,))
+    assert all("too long" in v["hint"] for v in votes)  # the votes keep the voter's own hint
+
+
+def test_hint_writer_down_keeps_the_quote_and_judges_the_turn(store):
+    import threading
+
+    from judge.voters import HintWriter, LexicalVoter
+    from judge.worker import Worker
+    from tests.judge.conftest import add_turn
+
+    bad = add_turn(store, "s1", request="explain recursion", response="(essay)", next_user="way too long")
+    writer = HintWriter(LLMVoter("http://127.0.0.1:9", "m", timeout_s=1.0))  # nothing listens there
+    Worker(store, LexicalVoter(), votes=3, hint_writer=writer).run(False, 0.01, threading.Event())
+    row = store.query_one("SELECT score, hint FROM judgments WHERE turn_id = ?", (bad,))
+    assert row["score"] == -1 and "too long" in row["hint"]
+
+
+def test_build_hint_writer_uses_the_base_model_of_the_engine():
+    from judge.voters import build_hint_writer
+
+    assert build_hint_writer(load_config(None, {})) is None  # quoted hints by default
+    cfg = load_config(None, {"judge.hints": "llm", "engine.port": 9123})
+    writer = build_hint_writer(cfg)
+    assert writer.llm.base_url == "http://127.0.0.1:9123" and writer.llm.model == cfg.engine.served_name
+
+
+def test_parse_written():
+    from judge.hints import parse_written
+
+    assert parse_written("Instruction: Answer briefly.\nmore") == "Answer briefly."
+    assert parse_written('"Use bullet points."') == "Use bullet points."
+    assert parse_written("none") is None and parse_written("None.") is None and parse_written("") is None
+    assert parse_written("x" * 400 + " y").endswith("…")
