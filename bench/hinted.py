@@ -5,7 +5,11 @@ as the trainer writes it). What the told model does not do, distillation from it
 binary RL is left to find it by sampling. This answers train prompts greedily three ways for each
 persona: as asked, with the persona's plain instruction as the hint (``Answer directly, with no
 apologies, ...``), and with the persona's own complaints as the hint (what the judge passes on),
-and grades each answer with the persona's check and the benchmark's real-answer checks.
+and grades each answer with the persona's check and the benchmark's real-answer checks. Two more
+conditions pass the hint the judge would write for the persona's whole message (its complaint, the
+transition and the next question): ``quoted`` (the CPU voters' quote, ``judge/hints.py``) and, with
+``--engine-url``, ``written`` (``judge.hints: llm``: the engine's model rewrites the message as one
+instruction).
 
     .venv/bin/python bench/hinted.py                        # every persona, 8 train prompts
     .venv/bin/python bench/hinted.py --persona bullets --prompts 16
@@ -71,8 +75,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from clawproxy.engine.model import load_model_and_tokenizer
     from clawproxy.simulate.measure import score_answers
-    from clawproxy.simulate.personas import PREFERENCES, complaint_fields, load_feedback
+    from clawproxy.simulate.personas import (
+        PREFERENCES,
+        ScriptedPersona,
+        complaint_fields,
+        load_feedback,
+    )
     from clawproxy.simulate.prompts import TRAIN_PROMPTS
+    from judge.extract import JudgeInput
+    from judge.hints import feedback_hint
 
     args = parse_args(argv)
     personas = args.persona or list(PREFERENCES)
@@ -82,8 +93,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = list(TRAIN_PROMPTS[: args.prompts])
     cut: dict[str, bool] = {}  # answer text -> the token limit cut it off
 
+    model_name = args.model if args.model != "default" else None
     if args.engine_url:
-        model_name = args.model if args.model != "default" else None
 
         def answer(texts: list[str]) -> list[str]:
             comps = asyncio.run(_answer_via(args.engine_url, texts, model_name, args.max_tokens))
@@ -99,6 +110,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 cut[text] = len(ids) >= args.max_tokens and ids[-1] != tok.eos_token_id
             return [text for _, _, text in outs]
 
+    writer = None
+    if args.engine_url:
+        from judge.voters import HintWriter, LLMVoter
+
+        writer = HintWriter(LLMVoter(args.engine_url, model_name, temperature=0.0, max_tokens=60))
+    hint_log: dict[tuple[str, str], list[str | None]] = {}
     plain = answer(prompts)
     results = []
     print(f"{'persona':<10} {'condition':<11} {'met':>5} {'adopted':>8} {'degen.':>7} {'words':>6}")
@@ -114,6 +131,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for i, p in enumerate(prompts)
             ]),
         }
+        # what the judge sees after a missed answer: the persona's message, next question included
+        persona = ScriptedPersona(pref, seed=0)
+        seen = [JudgeInput(request=p, response=a, role="user",
+                           next_state=persona.react(p, a, prompts[(i + 1) % len(prompts)]).message)
+                for i, (p, a) in enumerate(zip(prompts, plain, strict=True))]
+        judge_hints: dict[str, list[str | None]] = {"quoted": [feedback_hint(x) for x in seen]}
+        if writer is not None:
+            judge_hints["written"] = [writer.write(x) or feedback_hint(x) for x in seen]
+        for cond, hints in judge_hints.items():
+            conditions[cond] = answer([hinted_prompt(p, h) if h else p for p, h in zip(prompts, hints, strict=True)])
+            hint_log[(name, cond)] = hints
         for cond, answers in conditions.items():
             graded = score_answers(prompts, answers, pref.check, cut_off=[cut.get(a, False) for a in answers])
             n = len(graded)
@@ -126,6 +154,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "mean_words": sum(g.words for g in graded) / n,
                 "answers": dict(zip(prompts, answers, strict=True)),
             }
+            if (name, cond) in hint_log:
+                row["hints"] = hint_log[(name, cond)]
             results.append(row)
             print(f"{name:<10} {cond:<11} {row['preference_rate']:>5.2f} {row['adoption']:>8.2f} "
                   f"{row['degenerate_share']:>7.2f} {row['mean_words']:>6.0f}")
