@@ -42,6 +42,10 @@ class Users(Core):
         """Every user's name, sorted (the dashboard's picker: no counts to compute)."""
         return [r["name"] for r in self.query("SELECT name FROM users ORDER BY name")]
 
+    def owners(self) -> list[str | None]:
+        """Whose adapters the trainer trains: the shared one (None) and each user's."""
+        return [None, *self.user_names()]
+
     def has_users(self) -> bool:
         return self.query_one("SELECT 1 AS x FROM users LIMIT 1") is not None
 
