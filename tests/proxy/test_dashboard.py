@@ -523,6 +523,7 @@ async def test_the_sessions_page_shows_one_users_sessions(make_rig):
     async with rig.client.get(rig.url + "/clawproxy/ui/sessions?user=alice") as r:
         listing = await r.text()
     assert "alice/main" in listing and "bob/main" not in listing
+    assert '<option value="alice" selected>alice</option>' in listing  # the filter keeps its choice
 
 
 async def test_learning_and_versions_show_one_users_adapter_and_roll_back_only_its_chain(make_rig, monkeypatch):
