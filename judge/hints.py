@@ -39,11 +39,13 @@ def _quote(text: str) -> str:
 def corrective_part(text: str, request: str = "") -> str:
     """The reply up to where it moves on to a new request.
 
-    From the second sentence on, the reply is cut at the first sentence without a corrective cue
-    that opens with a transition ("Next question:", "Also, ...", "Moving on.") or is a question on
-    another subject (little overlap with the request). The first sentence always stays.
+    A line break ends a sentence, punctuated or not. From the second sentence on, the reply is cut
+    at the first sentence without a corrective cue that opens with a transition ("Next question:",
+    "Also, ...", "Moving on.") or is a question on another subject (little overlap with the
+    request). The first sentence always stays.
     """
-    sentences = [x for x in _SENTENCE.split(" ".join(text.split())) if x]
+    # a line break ends a sentence: a message often puts the next request on a line of its own
+    sentences = [x for line in text.splitlines() for x in _SENTENCE.split(" ".join(line.split())) if x]
     kept = sentences[:1]
     for sent in sentences[1:]:
         c = cues(sent, request)
@@ -125,7 +127,7 @@ def writer_prompt(inp: JudgeInput) -> list[dict[str, str]]:
         messages.append({"role": "assistant", "content": instruction})
     messages.append({"role": "user", "content": WRITER_TEMPLATE.format(
         request=_clip(inp.request, 1000), response=_clip(inp.response, 1500),
-        next_state=_clip(inp.next_state, 1000))})
+        next_state=_clip(corrective_part(inp.next_state, inp.request), 1000))})
     return messages
 
 

@@ -125,7 +125,7 @@ def test_hint_writer_replaces_the_quote_and_the_voter_keeps_the_score(store):
     from tests.judge.conftest import add_turn
 
     bad = add_turn(store, "s1", request="explain recursion", response="(essay)",
-                   next_user="ugh, way too long")
+                   next_user="ugh, way too long\n\nWhat is a closure?")
     vague = add_turn(store, "s1", request="and iteration?", response="(essay)", next_user="no. shorter!")
     good = add_turn(store, "s2", request="capital of Peru?", response="Lima.", next_user="thanks!")
     with FakeEngine(["Instruction: Answer in two sentences at most.", "none"]) as fake:
@@ -139,6 +139,7 @@ def test_hint_writer_replaces_the_quote_and_the_voter_keeps_the_score(store):
     assert len(fake.requests) == 2  # only -1 turns are written for
     body = fake.requests[0]
     assert body["temperature"] == 0.0 and "ugh, way too long" in body["messages"][-1]["content"]
+    assert "closure" not in body["messages"][-1]["content"]  # the writer sees the reaction, not the next request
     votes = store.query("SELECT hint FROM votes WHERE turn_id = ?", (bad,))
     assert all("too long" in v["hint"] for v in votes)  # the votes keep the voter's own hint
 

@@ -109,6 +109,8 @@ def test_hints_quote_corrective_feedback():
         "Too long. Keep it under 40 words please. Moving on. What is a good way to remember names?",
         "Way too long again. Under 40 words, please. How do I take care of a new puppy?",
         "Way too long again. Under 40 words, please. Okay, next: how do I take care of a new puppy?",
+        "Less waffle, 40 words tops\n\nHow do I take care of a new puppy?",  # no full stop: the line ends it
+        "Less waffle, 40 words tops\nWhat is a good way to remember names?",
     ],
 )
 def test_hints_drop_the_next_request(reply):
