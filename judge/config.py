@@ -35,7 +35,7 @@ class JudgeConfig:
     hints: HintSource = setting(
         "quote",
         "OPD hints of -1 turns: 'quote' (the user's corrective words, or the LLM voter's own hint) or "
-        "'llm' (the LLM endpoint below rewrites the user's reaction as one instruction; the voter "
+        "'llm' (the LLM voter's endpoint and model rewrite the user's reaction as one instruction; the voter "
         "still decides the score).",
     )
     temperature: float = setting(0.7, "Sampling temperature of the LLM voter.", ge=0.0, le=2.0)
