@@ -93,8 +93,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = list(TRAIN_PROMPTS[: args.prompts])
     cut: dict[str, bool] = {}  # answer text -> the token limit cut it off
 
-    model_name = args.model if args.model != "default" else None
+    writer = None
     if args.engine_url:
+        from judge.voters import HintWriter, LLMVoter
+
+        model_name = args.model if args.model != "default" else None
+        writer = HintWriter(LLMVoter(args.engine_url, model_name, temperature=0.0, max_tokens=60))
 
         def answer(texts: list[str]) -> list[str]:
             comps = asyncio.run(_answer_via(args.engine_url, texts, model_name, args.max_tokens))
@@ -110,11 +114,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 cut[text] = len(ids) >= args.max_tokens and ids[-1] != tok.eos_token_id
             return [text for _, _, text in outs]
 
-    writer = None
-    if args.engine_url:
-        from judge.voters import HintWriter, LLMVoter
-
-        writer = HintWriter(LLMVoter(args.engine_url, model_name, temperature=0.0, max_tokens=60))
     hint_log: dict[tuple[str, str], list[str | None]] = {}
     plain = answer(prompts)
     results = []

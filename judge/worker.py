@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clawproxy.store import Store
-from judge.extract import JudgeInput, from_turn
+from judge.extract import from_turn
 from judge.voters import HintWriter, Vote, Voter, cast, final_hint, majority
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,7 @@ class Worker:
         if self.hint_writer is None or majority(votes) != -1:
             return None
         try:
-            inp: JudgeInput = from_turn(turn)
-            return self.hint_writer.write(inp)
+            return self.hint_writer.write(from_turn(turn))
         except Exception as e:
             log.warning("judge: hint writer failed on turn %s, keeping the voters' hint: %s: %s",
                         turn["id"], type(e).__name__, e)
