@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# framings of the judge's quote, beside the one it uses ("quoted"); generic, none from the persona banks
+FRAMINGS = {
+    "quote_bare": "{said}",
+    "quote_framed": "The user replied: '{said}'. Follow that.",
+}
+
+
 def hinted_prompt(prompt: str, hint: str) -> str:
     """The user message the OPD teacher sees: the trainer's own ``add_hint``."""
     from trainer.batch import add_hint
@@ -83,7 +90,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     from clawproxy.simulate.prompts import TRAIN_PROMPTS
     from judge.extract import JudgeInput
-    from judge.hints import feedback_hint
+    from judge.hints import corrective_part, feedback_hint
 
     args = parse_args(argv)
     personas = args.persona or list(PREFERENCES)
@@ -135,7 +142,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         seen = [JudgeInput(request=p, response=a, role="user",
                            next_state=persona.react(p, a, prompts[(i + 1) % len(prompts)]).message)
                 for i, (p, a) in enumerate(zip(prompts, plain, strict=True))]
-        judge_hints: dict[str, list[str | None]] = {"quoted": [feedback_hint(x) for x in seen]}
+        quoted = [feedback_hint(x) for x in seen]
+        judge_hints: dict[str, list[str | None]] = {"quoted": quoted}
+        # the same quote in other framings, to choose the judge's on train prompts
+        for cond, frame in FRAMINGS.items():
+            judge_hints[cond] = [frame.format(said=corrective_part(x.next_state, x.request)) if q else None
+                                 for x, q in zip(seen, quoted, strict=True)]
         if writer is not None:
             judge_hints["written"] = [writer.write(x) or feedback_hint(x) for x in seen]
         for cond, hints in judge_hints.items():

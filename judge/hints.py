@@ -2,10 +2,9 @@
 
 On-policy distillation conditions a teacher on a hint and distils the difference back into the
 policy, so a hint must be actionable and short (1–3 sentences). The LLM voter writes its own; the
-CPU voters quote the user's corrective reply (the user already said what they wanted; a
-correction or redo request is quoted as it is) or the tool's error, with one sentence that tells
-the model to follow it. A bare "useless" or "👎" says
-nothing about what to do instead, so it yields no hint.
+CPU voters quote the user's corrective reply (the user already said what they wanted), framed as a
+reply to an earlier answer, or the tool's error, with one sentence that tells the model to follow
+it. A bare "useless" or "👎" says nothing about what to do instead, so it yields no hint.
 """
 
 from __future__ import annotations
@@ -27,6 +26,9 @@ TRANSITIONS = (
     r"ok(?:ay)?,? (?:next|now|and)", "anyway", "by the way", "unrelated", "separately", "on another note",
 )
 _NEXT_REQUEST = re.compile(rf"^\s*(?:{'|'.join(TRANSITIONS)})\b", re.IGNORECASE)
+
+
+QUOTE_FRAME = "An earlier answer to this got the reply '{said}'. Answer the way that reply asks."
 
 
 def _quote(text: str) -> str:
@@ -77,14 +79,9 @@ def feedback_hint(inp: JudgeInput, c: Cues | None = None) -> str | None:
     c = c or cues(text, inp.request)
     if c.words < 3 and not (c.correction or c.redo):
         return None
-    said = _quote(corrective_part(text, inp.request))
-    if c.redo or c.correction:
-        # unframed: a small teacher follows the user's words best, and a framed quote makes it open
-        # with "Here's a revised version:", which OPD would teach the policy (bench/results/README.md)
-        return said
-    if c.overlap >= 0.5:
-        return f"The user had to repeat the request: '{said}'. Answer exactly that, directly."
-    return f"The user replied: '{said}'. Follow that."
+    # the teacher never sees the answer the reply is about: the framing says there was one
+    # (chosen on train prompts with bench/hinted.py, bench/results/i24/README.md)
+    return QUOTE_FRAME.format(said=_quote(corrective_part(text, inp.request)))
 
 
 # -- hints written by an LLM from the user's reaction (judge.hints: llm) --------------------------

@@ -1,7 +1,7 @@
 import pytest
 
 from judge.extract import JudgeInput
-from judge.hints import feedback_hint
+from judge.hints import QUOTE_FRAME, feedback_hint
 from judge.lexical import tool_failed
 from judge.voters import LexicalVoter, MalformedVote, Vote, final_hint, majority, parse_vote
 
@@ -94,8 +94,10 @@ def test_tool_errors(text, failed):
 
 
 def test_hints_quote_corrective_feedback():
-    hint = feedback_hint(_inp("too long, keep it under 40 words"))
-    assert hint is not None and "keep it under 40 words" in hint
+    # framed as a reply to an earlier answer: the teacher never sees the answer the reply is about
+    assert feedback_hint(_inp("too long, keep it under 40 words")) == QUOTE_FRAME.format(
+        said="too long, keep it under 40 words")
+    assert feedback_hint(_inp("No, it's 'tabs'")) == QUOTE_FRAME.format(said="No, it’s ’tabs’")
     assert feedback_hint(_inp("useless")) is None  # no corrective content, no hint
     tool_hint = feedback_hint(_inp("Error: EACCES: permission denied, open '/etc/x'", role="tool"))
     assert tool_hint is not None and "permission denied" in tool_hint
