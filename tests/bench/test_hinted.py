@@ -16,12 +16,12 @@ def test_hint_is_what_the_teacher_sees():
     assert told == "How do I boil an egg?\n\n" + HINT_TEMPLATE.format(hint="Answer in under 40 words.")
 
 
-def test_four_conditions_per_persona(tmp_path, tiny_model_dir):
+def test_conditions_per_persona(tmp_path, tiny_model_dir):
     out = tmp_path / "hinted.json"
     rows = bench_module("hinted").main(["--persona", "concise", "--persona", "bullets", "--prompts", "2",
                                         "--max-tokens", "4", "--model", str(tiny_model_dir), "--out", str(out)])
     assert [(r["persona"], r["condition"]) for r in rows] == [
-        (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained", "quoted")]
+        (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained", "quoted", "quote_bare", "quote_framed")]
     for r in rows:
         assert list(r["answers"]) == list(TRAIN_PROMPTS[:2])
         met = [PREFERENCES[r["persona"]].check(a) for a in r["answers"].values()]
@@ -30,5 +30,12 @@ def test_four_conditions_per_persona(tmp_path, tiny_model_dir):
     untold = [r["answers"] for r in rows if r["condition"] == "untold"]
     assert untold[0] == untold[1]  # one set of plain answers, graded per persona
     assert json.loads(out.read_text())[0]["condition"] == "untold"
-    quoted = [r for r in rows if r["condition"] == "quoted"]
-    assert all(len(r["hints"]) == 2 for r in quoted)  # the judge's hint per prompt, kept for reading
+    hints = {(r["persona"], r["condition"]): r["hints"] for r in rows if "hints" in r}
+    assert all(len(h) == 2 for h in hints.values())  # the judge's hint per prompt, kept for reading
+    for p in ("concise", "bullets"):  # one quote, three framings: the same message or no hint in each
+        bare = hints[(p, "quote_bare")]
+        assert any(b is not None for b in bare)
+        assert [h is None for h in hints[(p, "quoted")]] == [h is None for h in bare]
+        for b, q, f in zip(bare, hints[(p, "quoted")], hints[(p, "quote_framed")], strict=True):
+            if b is not None:
+                assert b != q != f and b in q and b in f
