@@ -9,7 +9,8 @@ and grades each answer with the persona's check and the benchmark's real-answer 
 conditions pass the hint the judge would write for the persona's whole message (its complaint, the
 transition and the next question): ``quoted`` (the CPU voters' quote, ``judge/hints.py``) and, with
 ``--engine-url``, ``written`` (``judge.hints: llm``: the engine's model rewrites the message as one
-instruction).
+instruction). ``quote_bare`` and ``quote_framed`` pass the same quote in other framings, to choose
+the judge's.
 
     .venv/bin/python bench/hinted.py                        # every persona, 8 train prompts
     .venv/bin/python bench/hinted.py --persona bullets --prompts 16
