@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +41,6 @@ from trainer.checkpoints import Version
 from trainer.config import TrainerConfig
 
 log = logging.getLogger(__name__)
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 TEACHER_ADAPTER = "teacher"
 
@@ -180,7 +179,12 @@ class Teacher:
         needs_base = self.kind == "base" or cfg.kl_coef > 0
         if self.is_lora:
             if self.kind == "ema":
-                from trl.experimental.sdpo.teacher_sync import PEFTAdapterEMACallback
+                from trl.import_utils import TRLExperimentalWarning
+
+                with warnings.catch_warnings():
+                    # chosen knowingly (the docstring says why); TRL's "unstable API" notice is not the user's to act on
+                    warnings.simplefilter("ignore", TRLExperimentalWarning)
+                    from trl.experimental.sdpo.teacher_sync import PEFTAdapterEMACallback
 
                 self._ema_callback = PEFTAdapterEMACallback(
                     policy, teacher_adapter_name=TEACHER_ADAPTER, update_rate=self.rate
