@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -22,6 +22,16 @@ import orjson
 
 from clawproxy.errors import StoreError
 from clawproxy.store.migrations import MIGRATIONS
+
+Params = Sequence[Any] | Mapping[str, Any]  # what sqlite3 binds to ? or :name placeholders
+
+
+def inserted_id(cur: sqlite3.Cursor) -> int:
+    """The rowid an INSERT just wrote (sqlite3 types ``lastrowid`` as optional; after an INSERT it is set)."""
+    if cur.lastrowid is None:
+        raise StoreError("the INSERT reported no rowid")
+    return cur.lastrowid
+
 
 JSON_COLUMNS = {
     "request_messages", "request_tools", "request_params", "response_tool_calls", "usage",
@@ -147,7 +157,7 @@ class Core:
 
     @property
     def schema_version(self) -> int:
-        return self.query_one("PRAGMA user_version")["user_version"]
+        return self.query_row("PRAGMA user_version")["user_version"]
 
     def close(self) -> None:
         with self._lock:
@@ -183,17 +193,24 @@ class Core:
                         self._conn.execute("ROLLBACK")
                 raise
 
-    def execute(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: Params = ()) -> sqlite3.Cursor:
         with self._lock:
             return self._conn.execute(sql, params)
 
-    def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
-    def query_one(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> dict[str, Any] | None:
+    def query_one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
         with self._lock:
             return self._conn.execute(sql, params).fetchone()
+
+    def query_row(self, sql: str, params: Params = ()) -> dict[str, Any]:
+        """The row a query always yields (an aggregate, a PRAGMA); ``StoreError`` if it yields none."""
+        row = self.query_one(sql, params)
+        if row is None:
+            raise StoreError(f"no row from {sql!r}")
+        return row
 
     # -- generic row helpers -----------------------------------------------------------------
     def insert(self, table: str, values: dict[str, Any], *, or_ignore: bool = False) -> int:
@@ -202,7 +219,7 @@ class Core:
         verb = "INSERT OR IGNORE" if or_ignore else "INSERT"
         sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
         with self._lock:
-            return self._conn.execute(sql, vals).lastrowid
+            return inserted_id(self._conn.execute(sql, vals))
 
     def update(self, table: str, key: str, key_value: Any, values: dict[str, Any]) -> None:
         if not values:

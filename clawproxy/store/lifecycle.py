@@ -59,7 +59,7 @@ class IllegalTransition(ValueError):
 def advance(current: str | None, new: TurnState) -> TurnState:
     """``new`` if a turn in ``current`` may move there; raises ``IllegalTransition`` otherwise."""
     try:
-        state = TurnState(current)
+        state = TurnState(current or "")  # a missing state is as unknown as a misspelt one
     except ValueError:
         raise IllegalTransition(f"a turn in the unknown state {current!r} cannot move to {new}") from None
     if new not in TRANSITIONS.get(state, ()):

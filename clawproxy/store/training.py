@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from clawproxy.store.core import Core, dumps
+from clawproxy.store.core import Core, dumps, inserted_id
 from clawproxy.store.lifecycle import TRAINABLE_SQL
 
 # Judged turns in ok that no step trained on and the trainer did not skip (any owner's adapter).
@@ -95,7 +95,7 @@ class Training(Core):
         """One transaction: ``new_version`` of ``owner``'s adapter serves ``target``'s weights
         (``path``), and the event."""
         now = time.time()
-        event = {"from": from_version, "to": target, "new_version": new_version, "engine": engine}
+        event: dict[str, Any] = {"from": from_version, "to": target, "new_version": new_version, "engine": engine}
         if owner is not None:
             event["user"] = owner
         with self.transaction() as conn:
@@ -117,7 +117,8 @@ class Training(Core):
         left out here while it is stale for the shared chain (generated before ``stale_below``)."""
         shared = [] if owner is not None else [
             r["name"] for r in self.query("SELECT name FROM users WHERE shared = 1 ORDER BY name")]
-        foreign, args = "", [owner, owner]
+        foreign = ""
+        args: list[Any] = [owner, owner]
         if shared:
             foreign = (f"OR (t.user IN ({', '.join('?' * len(shared))}) AND COALESCE(t.weight_version, 0) >= ? "
                        "AND t.id NOT IN (SELECT turn_id FROM skipped_samples WHERE reason != 'stale'))")
@@ -139,7 +140,7 @@ class Training(Core):
 
     def untrained_judged_count(self) -> int:
         """How many candidates wait (what the trainer's next batch is drawn from, before its own filters)."""
-        return self.query_one(f"SELECT COUNT(*) AS n {_CANDIDATES}")["n"]
+        return self.query_row(f"SELECT COUNT(*) AS n {_CANDIDATES}")["n"]
 
     # -- steps and the turns they used --------------------------------------------------------------
     def record_skipped(self, skipped: dict[int, str]) -> None:
@@ -164,7 +165,7 @@ class Training(Core):
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (now, method, base_version, new_version, status, dumps(metrics), owner),
             )
-            step_id = int(cur.lastrowid)
+            step_id = inserted_id(cur)
             conn.executemany(
                 "INSERT OR IGNORE INTO trained_samples (turn_id, step_id, kind) VALUES (?, ?, ?)",
                 [(t, step_id, kind) for t, kind in kinds.items()],
@@ -225,7 +226,7 @@ class Training(Core):
         return {r["kind"]: r["n"] for r in rows}
 
     def trained_sample_count(self) -> int:
-        return self.query_one("SELECT COUNT(*) AS n FROM trained_samples")["n"]
+        return self.query_row("SELECT COUNT(*) AS n FROM trained_samples")["n"]
 
     def skipped_by_reason(self) -> dict[str, int]:
         return {r["reason"]: r["n"] for r in self.query("SELECT reason, COUNT(*) AS n FROM skipped_samples GROUP BY reason")}

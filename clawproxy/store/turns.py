@@ -204,7 +204,7 @@ class Turns(Core):
 
     def quarantine_count(self) -> int:
         """How many records are quarantined."""
-        return self.query_one("SELECT COUNT(*) AS n FROM quarantine")["n"]
+        return self.query_row("SELECT COUNT(*) AS n FROM quarantine")["n"]
 
     # -- deletion (`clawproxy sessions delete`) -------------------------------------------------------
     def delete_session(self, session_id: str) -> int:

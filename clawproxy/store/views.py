@@ -55,7 +55,7 @@ class Views(Core):
     def training_counts_of(self, user: str) -> dict[str, Any]:
         """``user``'s figures beside the versions: steps (their adapter's), trained_by_kind and
         skipped_by_reason (their turns)."""
-        steps = self.query_one("SELECT COUNT(*) AS n FROM train_steps WHERE user = ?", (user,))["n"]
+        steps = self.query_row("SELECT COUNT(*) AS n FROM train_steps WHERE user = ?", (user,))["n"]
         kinds = self.query("SELECT COALESCE(ts.kind, '') AS kind, COUNT(DISTINCT ts.turn_id) AS n "
                            "FROM trained_samples ts JOIN turns t ON t.id = ts.turn_id WHERE t.user = ? "
                            "GROUP BY COALESCE(ts.kind, '')", (user,))
@@ -95,7 +95,7 @@ class Views(Core):
 
     def turns_and_sessions_since(self, since: float) -> dict[str, int]:
         """Turns recorded since ``since`` and the sessions they belong to."""
-        return self.query_one(
+        return self.query_row(
             "SELECT COUNT(*) AS turns, COUNT(DISTINCT session_id) AS sessions FROM turns WHERE created_at >= ?",
             (since,),
         )
@@ -143,7 +143,7 @@ class Views(Core):
 
     def last_ids(self) -> dict[str, int]:
         """The newest turn, train step and judgment ids (0 when none): what changed since a poll."""
-        return self.query_one(
+        return self.query_row(
             "SELECT COALESCE((SELECT MAX(id) FROM turns), 0) AS turn, COALESCE((SELECT MAX(id) FROM train_steps), 0) AS step, "
             "(SELECT COUNT(*) FROM judgments) AS judged, COALESCE((SELECT MAX(id) FROM events), 0) AS event"
         )
