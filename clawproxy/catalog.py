@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from clawproxy.engine.convert import SOURCE_FILE, convert_gguf
 from clawproxy.errors import ConfigError
@@ -370,7 +370,7 @@ def write_sampling(model: NamedModel, out: Path) -> None:
 
 
 # -- listing -------------------------------------------------------------------------------------
-def status(model: NamedModel, cache: Path | None = None) -> dict[str, object]:
+def status(model: NamedModel, cache: Path | None = None) -> dict[str, Any]:
     """What ``clawproxy models list`` shows: the GGUF verified in the cache, and converted or not."""
     cache = cache or model_cache_dir()
     converted = hf_dir(model, cache)

@@ -28,7 +28,7 @@ TOOL_CLOSE = "</tool_call>"
 
 
 def template_supports_tools(chat_template: str | None) -> bool:
-    return bool(chat_template) and "tools" in chat_template
+    return chat_template is not None and "tools" in chat_template
 
 
 def _tool_call_text(call: dict[str, Any]) -> str:

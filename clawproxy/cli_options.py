@@ -41,4 +41,8 @@ def progress(description: str, total: int | None, disable: bool = False) -> Iter
 
     with Progress(console=Console(stderr=True), disable=disable or not sys.stderr.isatty()) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
+
+        def advance(n: int = 1) -> None:
+            bar.advance(task, n)
+
+        yield advance

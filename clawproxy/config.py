@@ -15,9 +15,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
 from clawproxy.errors import ConfigError
 from clawproxy.fields import STRICT, setting
@@ -231,7 +231,8 @@ class EngineConfig:
         "only its new tokens). Least recently used first out; 0 turns it off.",
         ge=0,
     )
-    rope_scaling: dict[str, Any] | str | None = setting(
+    # JSON text from a flag becomes the mapping before pydantic checks the type
+    rope_scaling: Annotated[dict[str, Any] | None, BeforeValidator(parse_rope_scaling)] = setting(
         None,
         "RoPE scaling to serve contexts longer than the model was trained on, as vLLM's "
         "--rope-scaling: {rope_type: linear|yarn, factor: F} (YAML mapping or JSON string). "

@@ -127,6 +127,8 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
     with _open_store(config_path, data_dir) as store:
         sid = _resolve(store, session_id)
         sess = store.get_session(sid)
+        if sess is None:  # deleted since _resolve found it
+            raise click.ClickException(f"no session {sid!r}; `clawproxy sessions` lists them.")
         turns = store.session_turns(sid)
     if as_json:
         click.echo(json.dumps({"session": sess, "turns": turns}, indent=2, default=str))

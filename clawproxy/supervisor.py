@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from io import TextIOWrapper
 from pathlib import Path
 
 from clawproxy.config import Config
@@ -141,7 +142,8 @@ def _open_child_log(path: Path) -> int:
 
 
 class _PrivateRotatingHandler(logging.handlers.RotatingFileHandler):
-    def _open(self):  # type: ignore[no-untyped-def]
+    def _open(self) -> TextIOWrapper:
+        """The log file, created 0600 (the base class would create it with the umask's mode)."""
         return os.fdopen(_open_log_fd(self.baseFilename), "a", encoding=self.encoding or "utf-8",
                          errors="backslashreplace")
 

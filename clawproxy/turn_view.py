@@ -37,7 +37,9 @@ def message_text(msg: dict[str, Any] | None) -> str:
 
 def call_text(tc: dict[str, Any]) -> str:
     """A tool call as a person reads it: ``→ read(path=hello.txt)``."""
-    fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+    fn = tc.get("function")
+    if not isinstance(fn, dict):
+        fn = {}
     args = fn.get("arguments")
     try:
         parsed = json.loads(args) if isinstance(args, str) else args

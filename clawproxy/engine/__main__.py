@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from clawproxy.config import Config, EngineConfig, load_config
 from clawproxy.errors import ClawproxyError, ConfigError
@@ -48,7 +49,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(args.config, {"data_dir": args.data_dir, **overrides})
 
 
-def serving_length(asked: int | None, limit: int | None, rope: dict | None) -> int:
+def serving_length(asked: int | None, limit: int | None, rope: dict[str, Any] | None) -> int:
     """The max_model_len to serve: the model's limit unless asked for less; never more (vLLM)."""
     if limit is None:
         if asked is None:

@@ -104,7 +104,7 @@ class StepEvent:
 class GenRequest:
     prompt_ids: list[int]
     params: SamplingParams
-    emit: Callable[[StepEvent], None]
+    emit: Callable[[StepEvent], object]  # its result is ignored
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     cancelled: bool = False
     # worker-side state
@@ -468,6 +468,7 @@ class Engine:
         if self._cache is None or not self._active:
             self._cache, self._mask, self._active = cache, new_mask, [req]
             return
+        assert self._mask is not None  # set with the cache
         cur = self._mask.shape[1]
         total = max(cur, length)
         for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):

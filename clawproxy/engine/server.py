@@ -384,7 +384,7 @@ async def _write_stream(
             choice["token_ids"] = list(ev.token_ids)
         return {**base, "choices": [choice], **extra, "weight_version": version}
 
-    first_extra = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
+    first_extra: dict[str, Any] = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
     await resp.write(_sse(chunk({"role": "assistant", "content": ""}, engine.weight_version, **first_extra)))
     n_completion, cached = 0, 0
     version = engine.weight_version

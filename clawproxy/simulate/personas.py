@@ -259,7 +259,9 @@ class ScriptedPersona:
         fb = self.feedback(question, answer, met, problem)
         if next_question is None:
             return Reaction(met, fb, fb, problem)
-        t = self.rng.choice(self.feedback_words.transitions)
+        transitions = self.feedback_words.transitions
+        assert transitions is not None  # the bank's when the persona has none (FeedbackBank.for_persona)
+        t = self.rng.choice(transitions)
         lead = t.split("{q}")[0].strip()
         q = next_question if not lead or lead.endswith((".", ":", "?", "!")) else _lower_first(next_question)
         return Reaction(met, fb, fb + "\n\n" + t.format(q=q), problem)
