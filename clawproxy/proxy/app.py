@@ -1,10 +1,14 @@
 """The aiohttp application: a transparent reverse proxy for ``/v1/*`` that records chat turns.
 
-Hot path, per request: read the body, validate and (for chat completions) splice in the token
-fields we want, open the upstream request, then pass every upstream read to the client through a
-``StreamTap`` (``sse.py``), which strips the fields we added and builds the turn as its events
-pass, one orjson parse per event. The turn is journaled before ``[DONE]`` goes out; redacting the
-record, session tracking and SQLite happen later in the recorder (``recorder.py``), off the loop.
+This module only moves bytes. Per request: read the body, validate and (for chat completions)
+splice in the token fields we want, open the upstream request, then pass every upstream read to
+the client through the request's ``Tap`` (``tap.py``), which strips the fields we added, builds
+the turn as its events pass (one orjson parse per event) and decides the outcome once. The
+addons (``addons.py``) watch the tap: recording, stats, metrics. The turn is journaled, redacted,
+before ``[DONE]`` goes out; that redaction runs on the event loop (the request body's while the
+upstream generates, the answer's at the end, tens of microseconds with the body's messages
+cached). Building the stored record, its redaction again, session tracking and SQLite happen
+later in the recorder's thread (``recorder.py``).
 
 ``create_app`` is self-contained: ``clawproxy start`` (the supervisor), ``run_proxy`` and the tests
 all call it and run the app with ``server_options``.
@@ -22,7 +26,6 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -47,10 +50,12 @@ from clawproxy.errors import (
     error_body,
 )
 from clawproxy.proxy import aiohttp_patches, ui
-from clawproxy.proxy.metrics import ProxyMetrics, Timing
-from clawproxy.proxy.recorder import Capture, Recorder, clean_header
+from clawproxy.proxy.addons import ProxyStats, Recording, default_addons
+from clawproxy.proxy.metrics import ProxyMetrics
+from clawproxy.proxy.recorder import Recorder
 from clawproxy.proxy.routing import ModelRouter, router_for
-from clawproxy.proxy.sse import Added, StreamTap, strip_body
+from clawproxy.proxy.sse import Added
+from clawproxy.proxy.tap import Addons, Flow, Outcome, Tap
 
 log = logging.getLogger("clawproxy.proxy")
 
@@ -71,32 +76,17 @@ SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
 SWITCH_INTERVAL_S = 0.0005
 
 
-@dataclass
-class ProxyStats:
-    """Counters served by /clawproxy/stats."""
-
-    requests: int = 0
-    chat_requests: int = 0
-    errors: int = 0
-    aborted: int = 0
-    in_flight: int = 0
-    started_at: float = 0.0
-    # Set when the upstream rejected the token fields we add (not vLLM-compatible): stop adding.
-    token_fields_refused: bool = False
-    # x-weight-version on the upstream's last chat answer (our engine sends it; vLLM does not).
-    upstream_weight_version: int | None = None
-
-
 CONFIG_KEY = web.AppKey("clawproxy_config", Config)
 UPSTREAM_KEY = web.AppKey("clawproxy_upstream", aiohttp.ClientSession)
 RECORDER_KEY = web.AppKey("clawproxy_recorder", Recorder)
 READY_KEY = web.AppKey("clawproxy_upstream_ready", object)
 STATS_KEY = web.AppKey("clawproxy_stats", ProxyStats)
 # Request ids: one random prefix per app start plus a counter (uuid4 per request costs a syscall).
-IDS_KEY = web.AppKey("clawproxy_ids", Iterator[str])
-ROUTES_KEY = web.AppKey("clawproxy_routes", Callable[[str], str | None])
+IDS_KEY: web.AppKey[Iterator[str]] = web.AppKey("clawproxy_ids")
+ROUTES_KEY: web.AppKey[Callable[[str], str | None]] = web.AppKey("clawproxy_routes")
 METRICS_KEY = web.AppKey("clawproxy_metrics", ProxyMetrics)
-NOT_FORWARDED = "not_forwarded"  # the route label of a path outside the whitelist
+RECORDING_KEY = web.AppKey("clawproxy_recording", Recording)
+ADDONS_KEY = web.AppKey("clawproxy_addons", Addons)
 
 
 def server_options(cfg: Config) -> dict[str, Any]:
@@ -182,6 +172,8 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app[METRICS_KEY] = ProxyMetrics(lambda: app[RECORDER_KEY].stats(), lambda: app[STATS_KEY],
                                     cfg.db_path)
     app.on_cleanup.append(_close_metrics)
+    app[RECORDING_KEY] = Recording()
+    app[ADDONS_KEY] = Addons(default_addons(app[STATS_KEY], app[RECORDING_KEY], app[METRICS_KEY]))
     prefix = uuid.uuid4().hex[:16]
     app[IDS_KEY] = (f"{prefix}-{i}" for i in itertools.count(1))
     app.cleanup_ctx.append(_recorder_ctx)
@@ -222,7 +214,7 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
     recorder = Recorder(app[CONFIG_KEY], busy=lambda: app[STATS_KEY].in_flight > 0)
     await recorder.start()
-    app[RECORDER_KEY] = recorder
+    app[RECORDER_KEY] = app[RECORDING_KEY].recorder = recorder
     yield
     await recorder.close()
 
@@ -264,7 +256,7 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok",
         "recording": "degraded" if problems else "ok",
         "problems": problems,
-        "upstream": str(URL(request.app[CONFIG_KEY].proxy.upstream).with_user(None)),
+        "upstream": str(URL(request.app[CONFIG_KEY].proxy.upstream or "").with_user(None)),
         "upstream_ready": ready() if callable(ready) else None,
         "store_ok": rs["store_ok"],
         "turns_lost": rs["turns_lost"],
@@ -458,31 +450,29 @@ def _int_header(value: str | None) -> int | None:
         return None
 
 
-# -- the forwarding handler ----------------------------------------------------------------------
+# -- the forwarding handler: IO only; what happened goes to the request's tap (tap.py) ------------
 async def forward(request: web.Request) -> web.StreamResponse:
-    route = request.app[ROUTES_KEY](request.raw_path)
-    t = Timing()
-    status: int | str = "aborted"
+    app = request.app
+    chat = request.method == "POST" and request.path in CHAT_PATHS
+    tap = Tap(app[ADDONS_KEY], Flow(request.method, request.path, app[ROUTES_KEY](request.raw_path), chat))
+    resp: web.StreamResponse | None = None
     try:
-        resp = await _forward(request, route, t)
-        status = "aborted" if t.aborted else resp.status
+        resp = await _forward(request, tap)
         return resp
     finally:
-        request.app[METRICS_KEY].observe(route or NOT_FORWARDED, status, t)
+        tap.close(resp.status if resp is not None else None)
 
 
-async def _forward(request: web.Request, route: str | None, t: Timing) -> web.StreamResponse:
+async def _forward(request: web.Request, tap: Tap) -> web.StreamResponse:
     """Check the caller, then one exchange with the upstream.
 
-    Every way out of the exchange ends the chat turn's capture (``Capture.finish``: the first
-    outcome wins) and the one ``finally`` hands it to the recorder, whatever happened: client
-    hang-up, upstream failure, bad body, a bug of ours. A stream's last read (the one that holds
-    ``[DONE]``) is sent only after that, so a turn the client saw finish is journaled.
+    Every way out of the exchange tells the tap, and the ``finally`` ends the turn there (the first
+    outcome wins; the recorder journals the turn), whatever happened: client hang-up, upstream
+    failure, bad body, a bug of ours. A stream's last read (the one that holds ``[DONE]``) is sent
+    only after that, so a turn the client saw finish is journaled.
     """
     app = request.app
     cfg = app[CONFIG_KEY]
-    st = app[STATS_KEY]
-    st.requests += 1
     need_token = not cfg.proxy.is_loopback
     router = app[ROUTER_KEY]
     user = None
@@ -496,60 +486,47 @@ async def _forward(request: web.Request, route: str | None, t: Timing) -> web.St
         elif need_token and not has_bearer(request, cfg.proxy.control_token or ""):
             raise Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`")
     except Unauthorized as e:
-        st.errors += 1
+        tap.refuse(e.status, e.message)
         return error_response(e)
-    if route is None:
-        st.errors += 1
-        return _not_forwarded(request)
-    cap = None
-    if request.method == "POST" and request.path in CHAT_PATHS:
-        st.chat_requests += 1
-        cap = Capture(next(app[IDS_KEY]), time.time(), request.path, time.perf_counter(),
-                      session_headers={k: clean_header(v) for k in SESSION_HEADERS
-                                       if (v := request.headers.get(k))}, user=user)
+    if tap.flow.route is None:
+        out = _not_forwarded(request)
+        tap.refuse(out.status, "not forwarded")
+        return out
+    ids: Iterator[str] = app[IDS_KEY]
+    tap.admit(next(ids) if tap.flow.chat else "",
+              {k: v for k in SESSION_HEADERS if (v := request.headers.get(k))}, user)
     end: _StreamEnd | None = None
-    st.in_flight += 1
     try:
-        resp, end = await _exchange(request, cap, t, need_token, user)
+        resp, end = await _exchange(request, tap, need_token, user)
     except asyncio.CancelledError:  # the client hung up (server_options: handler_cancellation)
-        st.aborted += 1
-        t.aborted = True
-        if cap is not None:
-            cap.finish("aborted", error="client disconnected" if t.start is not None
-                       else "client disconnected while sending the body")
+        tap.client_left("client disconnected" if tap.flow.start is not None
+                        else "client disconnected while sending the body")
         raise
     except ClawproxyError as e:  # the client's request or the upstream failed: a JSON error
-        st.errors += 1
         if isinstance(e, UpstreamError):
             log.warning("upstream failure (%d): %s", e.status, e.message)
-        if cap is not None:
-            cap.finish("error", e.status, e.message)
+        tap.fail(e.status, e.message)
         resp = error_response(e)
         if e.code in _UNREAD_BODY:
             resp.force_close()  # the rest of the body is still on the wire: drop the connection
     except Exception as e:  # a bug of ours: logged with its traceback, the client gets JSON
         log.exception("proxy error on %s %s", request.method, request.path)
-        st.errors += 1
-        if cap is not None:
-            cap.finish("error", 500, f"proxy error: {type(e).__name__}: {e}")
+        tap.fail(500, f"proxy error: {type(e).__name__}: {e}")
         resp = error_response(_INTERNAL)
         resp.force_close()
     finally:
-        st.in_flight -= 1
-        if cap is not None:
-            cap.finish("error", error="proxy error: the exchange ended without an outcome")
-            app[RECORDER_KEY].submit(cap)
+        tap.end_turn()
     if end is not None:
-        await end.send(request, t)
+        await end.send(tap)
     return resp
 
 
 _INTERNAL = ClawproxyError("internal proxy error; see the clawproxy log")
 
 
-async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_auth: bool,
+async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
                     user: str | None = None) -> tuple[web.StreamResponse, _StreamEnd | None]:
-    """Read the client's body, ask the upstream, relay its answer; finishes ``cap`` on success.
+    """Read the client's body, ask the upstream, relay its answer.
 
     Two refusals are retried once each, with the whole error body in hand: an upstream that
     refuses the token fields we add is asked again without them, and a vLLM that restarted
@@ -559,16 +536,17 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
     cfg = app[CONFIG_KEY]
     st = app[STATS_KEY]
     body = await _read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
-    t.start = time.perf_counter()
+    tap.body(body)
     added = Added()
-    router = app[ROUTER_KEY] if cap is not None else None
+    chat = tap.flow.chat
+    router = app[ROUTER_KEY] if chat else None
     target = None
-    if cap is not None:
-        cap.raw_body = body
-        cap.body = obj = _parse_chat_body(request, body)
+    if chat:
+        obj = _parse_chat_body(request, body)
+        tap.chat_body(obj)
         if router is not None:
             body, target = router.route(obj, body, user)
-            cap.routed_version = target.version if target is not None else None
+            tap.routed(target.version if target is not None else None)
         if cfg.proxy.record_tokens and not st.token_fields_refused:
             added = Added(logprobs="logprobs" not in obj, token_ids="return_token_ids" not in obj)
     elif user is not None and body and request.method == "POST":
@@ -576,7 +554,7 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
     retried_plain = rerouted = False
     while True:
         sent = _splice_fields(body, added.logprobs, added.token_ids) if added else body
-        up = await _ask(request, sent, t, drop_auth)
+        up = await _ask(request, sent, tap, drop_auth)
         # Only when the same request succeeds without our fields were they the problem; a 400
         # about the client's own fields (say, top_logprobs out of range) must not turn token
         # recording off for everyone.
@@ -585,36 +563,29 @@ async def _exchange(request: web.Request, cap: Capture | None, t: Timing, drop_a
             log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
                         "token ids from now on (set proxy.record_tokens: false to silence this)")
         if up.headers.get("Content-Type", "").startswith("text/event-stream"):
-            _note_answer(app, cap, up)
-            return await _stream(request, up, cap, added if up.status < 400 else Added(), t)
-        data = await _read_answer(request, up, t)
+            tap.response(up.status, _int_header(up.headers.get("x-weight-version")), True, added)
+            return await _stream(request, up, tap)
+        data = await _read_answer(request, up, tap)
         if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
             added, retried_plain = Added(), True
             continue
-        if router is not None and cap is not None and not rerouted and router.lost(up.status, data, target):
+        if router is not None and not rerouted and router.lost(up.status, data, target):
             assert target is not None
             (body, target), rerouted = await router.recover(body, user, target), True
-            cap.routed_version = target.version if target is not None else None
+            tap.routed(target.version if target is not None else None)
             continue
         break
-    _note_answer(app, cap, up)
-    if cap is not None:
-        cap.t_first = time.perf_counter()
-        cap.chunks.append(data)
-        cap.finish("ok")  # an error status is read from http_status by the recorder
-        if added and up.status < 400:
-            data = strip_body(data, added)
-    elif user is not None and up.status == 200 and request.method == "GET" and request.path == "/v1/models":
+    tap.response(up.status, _int_header(up.headers.get("x-weight-version")), False, added)
+    data = tap.answer(data)
+    if not chat and user is not None and up.status == 200 and request.method == "GET" and request.path == "/v1/models":
         data = app[ROUTER_KEY].visible_models(data, user)
-    if up.status >= 400:
-        st.errors += 1
     return web.Response(status=up.status, body=data, headers=_end_to_end_headers(up.headers)), None
 
 
-async def _ask(request: web.Request, body: bytes, t: Timing, drop_auth: bool) -> aiohttp.ClientResponse:
+async def _ask(request: web.Request, body: bytes, tap: Tap, drop_auth: bool) -> aiohttp.ClientResponse:
     """Send the request upstream; its response once the headers are in."""
     app = request.app
-    url = URL(app[CONFIG_KEY].proxy.upstream + request.raw_path, encoded=True)
+    url = URL((app[CONFIG_KEY].proxy.upstream or "") + request.raw_path, encoded=True)
     t0 = time.perf_counter()
     try:
         return await app[UPSTREAM_KEY].request(
@@ -626,10 +597,10 @@ async def _ask(request: web.Request, body: bytes, t: Timing, drop_auth: bool) ->
     except (TimeoutError, aiohttp.ClientError, OSError) as e:
         raise _upstream_error(request, e) from e
     finally:
-        t.upstream_s = (t.upstream_s or 0.0) + time.perf_counter() - t0
+        tap.waited(time.perf_counter() - t0)
 
 
-async def _read_answer(request: web.Request, up: aiohttp.ClientResponse, t: Timing) -> bytes:
+async def _read_answer(request: web.Request, up: aiohttp.ClientResponse, tap: Tap) -> bytes:
     """A non-streamed answer's whole body; the upstream connection is released."""
     t0 = time.perf_counter()
     try:
@@ -637,16 +608,8 @@ async def _read_answer(request: web.Request, up: aiohttp.ClientResponse, t: Timi
     except (TimeoutError, aiohttp.ClientError) as e:
         raise _upstream_error(request, e) from e
     finally:
-        t.upstream_s = (t.upstream_s or 0.0) + time.perf_counter() - t0
+        tap.waited(time.perf_counter() - t0)
         up.release()
-
-
-def _note_answer(app: web.Application, cap: Capture | None, up: aiohttp.ClientResponse) -> None:
-    if cap is not None:
-        cap.http_status = up.status
-        cap.header_weight_version = _int_header(up.headers.get("x-weight-version"))
-        if cap.header_weight_version is not None:
-            app[STATS_KEY].upstream_weight_version = cap.header_weight_version
 
 
 def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
@@ -658,78 +621,62 @@ def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
     return UpstreamError(f"upstream unreachable: {type(exc).__name__}: {exc}")
 
 
-async def _stream(request: web.Request, up: aiohttp.ClientResponse, cap: Capture | None,
-                  strip: Added, t: Timing) -> tuple[web.StreamResponse, _StreamEnd | None]:
-    """Relay the event stream as it arrives, through a ``StreamTap`` that strips our fields and
-    builds the recorded turn, up to the read that holds ``[DONE]``: that read and whatever follows
-    are returned as a ``_StreamEnd``, sent once the turn is recorded. A stream that ends without
-    ``[DONE]`` or fails gets an in-band error event as its end and is recorded as an error.
+def _error_event(err: UpstreamError) -> bytes:
+    return b"data: " + orjson.dumps(error_body(err)) + b"\n\n"
+
+
+async def _stream(request: web.Request, up: aiohttp.ClientResponse, tap: Tap,
+                  ) -> tuple[web.StreamResponse, _StreamEnd | None]:
+    """Relay the event stream as it arrives, each read through the tap, up to the read that holds
+    ``[DONE]``: that read and whatever follows are returned as a ``_StreamEnd``, sent once the
+    turn is recorded. A stream that ends without ``[DONE]`` or fails gets an in-band error event
+    as its end.
     """
-    tap = StreamTap(strip, keep=cap is not None)
-    if cap is not None and tap.chunks is not None:
-        cap.stream = True
-        cap.chunks = tap.chunks
     resp = web.StreamResponse(status=up.status, headers=_end_to_end_headers(up.headers))
     waiting: float | None = None  # since when we wait on the upstream, None: we don't
     try:
         await resp.prepare(request)
         waiting = time.perf_counter()
         async for data in up.content.iter_any():
-            t.upstream_s += time.perf_counter() - waiting
+            tap.waited(time.perf_counter() - waiting)
             waiting = None
-            out = tap.feed(data)
-            if cap is not None and cap.t_first is None and tap.generated:
-                cap.t_first = time.perf_counter()
+            out = tap.chunk(data)
             if tap.done:
                 break
             if out:
                 await resp.write(out)
             waiting = time.perf_counter()
         else:
-            t.upstream_s += time.perf_counter() - waiting
+            tap.waited(time.perf_counter() - waiting)
             waiting = None
-            out = tap.close()
-            if not tap.done and up.status < 400:
+            out = tap.eof()
+            if tap.flow.outcome is Outcome.CUT:
                 if out:
                     await resp.write(out)
-                raise _StreamCut("upstream closed the stream before [DONE]")
-        if cap is not None:
-            cap.done = tap.done
-            cap.finish("ok")  # an error status is read from http_status by the recorder
+                up.close()
+                cut = UpstreamError(tap.flow.error or "upstream closed the stream before [DONE]")
+                log.warning("%s", cut.message)
+                return resp, _StreamEnd(resp, None, _error_event(cut))
         return resp, _StreamEnd(resp, up, out)
     except asyncio.CancelledError:
-        up.close()  # the client hung up: end the upstream generation now; _forward records it
+        up.close()  # the client hung up: end the upstream generation now; _forward tells the tap
         raise
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):  # before ClientError
-        request.app[STATS_KEY].aborted += 1
-        t.aborted = True
         up.close()  # cancels the upstream generation
-        if cap is not None:
-            cap.finish("aborted", error="client disconnected")
+        tap.client_left()
         return resp, None
-    except (TimeoutError, aiohttp.ClientError, _StreamCut) as e:
-        # Headers are gone already: tell the client in-band, record the failure, end the stream.
+    except (TimeoutError, aiohttp.ClientError) as e:
+        # Headers are gone already: tell the client in-band, the tap the failure, end the stream.
         if waiting is not None:  # a read timeout is the upstream's time, not ours
-            t.upstream_s += time.perf_counter() - waiting
+            tap.waited(time.perf_counter() - waiting)
         up.close()
         if isinstance(e, TimeoutError):
             err: UpstreamError = UpstreamTimeout("upstream stopped sending (read timeout)")
-        elif isinstance(e, _StreamCut):
-            err = UpstreamError(str(e))
         else:
             err = UpstreamError(f"upstream stream failed: {type(e).__name__}: {e}")
         log.warning("%s", err.message)
-        request.app[STATS_KEY].errors += 1
-        if cap is not None:
-            cap.finish("error", error=err.message)
-        return resp, _StreamEnd(resp, None, b"data: " + orjson.dumps(error_body(err)) + b"\n\n")
-    finally:
-        if cap is not None:
-            cap.assembled = tap.turn()  # whatever happened: the recorder gets what the tap saw
-
-
-class _StreamCut(Exception):
-    """The upstream ended a 2xx event stream without its [DONE]."""
+        tap.upstream_failed(err.message)
+        return resp, _StreamEnd(resp, None, _error_event(err))
 
 
 class _StreamEnd:
@@ -741,7 +688,7 @@ class _StreamEnd:
     def __init__(self, resp: web.StreamResponse, up: aiohttp.ClientResponse | None, data: bytes):
         self.resp, self.up, self.data = resp, up, data
 
-    async def send(self, request: web.Request, t: Timing) -> None:
+    async def send(self, tap: Tap) -> None:
         try:
             if self.data:
                 await self.resp.write(self.data)
@@ -750,8 +697,7 @@ class _StreamEnd:
                     await self.resp.write(data)
             await self.resp.write_eof()
         except (asyncio.CancelledError, ConnectionResetError) as e:  # the client left
-            request.app[STATS_KEY].aborted += 1  # its turn is recorded already, as it finished
-            t.aborted = True
+            tap.client_left()  # its turn is recorded already, as it finished
             if self.up is not None:
                 self.up.close()
             if isinstance(e, asyncio.CancelledError):

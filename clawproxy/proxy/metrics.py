@@ -47,17 +47,6 @@ RELOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 STORE_READ_INTERVAL_S = 1.0
 
 
-class Timing:
-    """One request's clock: set by the forwarding handler, read once when it ends."""
-
-    __slots__ = ("aborted", "start", "upstream_s")
-
-    def __init__(self) -> None:
-        self.aborted = False  # the client left mid-stream (the status sent does not tell)
-        self.start: float | None = None  # the request body is in: the proxy's work starts
-        self.upstream_s: float | None = None  # None until the upstream was asked
-
-
 class ProxyMetrics:
     """The app's registry. ``observe`` is the hot-path call; ``render`` serves a scrape."""
 
@@ -82,19 +71,21 @@ class ProxyMetrics:
         self.registry.register(_ProcessCollector(recorder_stats, proxy_stats))
         self.registry.register(self.store_collector)
 
-    def observe(self, route: str, status: int | str, t: Timing) -> None:
+    def observe(self, route: str, status: int | str, start: float | None, upstream_s: float | None) -> None:
+        """One request ended; ``start``: perf_counter when its body was in, ``upstream_s``: time
+        it waited on the upstream (None: never asked)."""
         key = (route, str(status))
         child = self._req_children.get(key)
         if child is None:
             child = self._req_children[key] = self._requests.labels(*key)
         child.inc()
-        if t.upstream_s is None or t.start is None:
+        if upstream_s is None or start is None:
             return
         lat = self._lat_children.get(route)
         if lat is None:
             lat = self._lat_children[route] = (self._upstream.labels(route), self._added.labels(route))
-        lat[0].observe(t.upstream_s)
-        lat[1].observe(max(0.0, time.perf_counter() - t.start - t.upstream_s))
+        lat[0].observe(upstream_s)
+        lat[1].observe(max(0.0, time.perf_counter() - start - upstream_s))
 
     async def render(self, accept: str | None) -> tuple[bytes, str]:
         """(body, content type) in the format the scraper asked for, collected off the event loop."""

@@ -133,23 +133,32 @@ class Redactor:
     """Compiled patterns; ``extra`` are more regexes from proxy.redact_patterns (always run)."""
 
     def __init__(self, extra: Iterable[str] = ()):
-        self._rules: list[tuple[Callable[[bytes], bool] | None, re.Pattern[bytes], Any]] = []
+        # (literals, test, regex, replacement): a rule runs when one literal occurs, else when
+        # ``test`` says so, else always. Plain tuples and an inline loop: a turn calls this a
+        # few times on the event loop, and a call per rule cost more than the scans themselves.
+        self._rules: list[tuple[tuple[bytes, ...] | None, Callable[[bytes], bool] | None,
+                                re.Pattern[bytes], Any]] = []
         for pre, rx, repl in _PATTERNS:
-            if isinstance(pre, bytes):
-                pre = (pre,)
-            if isinstance(pre, tuple):
-                pre = functools.partial(lambda lits, d: any(lit in d for lit in lits), pre)
-            self._rules.append((pre, re.compile(rx, re.S), repl))
+            lits = (pre,) if isinstance(pre, bytes) else pre if isinstance(pre, tuple) else None
+            test = pre if callable(pre) else None
+            self._rules.append((lits, test, re.compile(rx, re.S), repl))
         for p in extra:
-            self._rules.append((None, re.compile(p.encode()), REDACTED))
+            self._rules.append((None, None, re.compile(p.encode()), REDACTED))
 
     def bytes(self, data: bytes, stream: bool = False) -> bytes:
         """Secrets by format in ``data`` (serialized JSON stays valid JSON). ``stream``: raw
         upstream bytes, where every log-prob entry says "token": ``name=value`` in text is then
         looked for only when another family word occurs (10x cheaper on such a stream)."""
-        for pre, rx, repl in self._rules:
-            if pre is None or pre(data):
-                data = rx.sub(repl, data)
+        for lits, test, rx, repl in self._rules:
+            if lits is not None:
+                for lit in lits:
+                    if lit in data:
+                        break
+                else:
+                    continue
+            elif test is not None and not test(data):
+                continue
+            data = rx.sub(repl, data)
         return _assignments(data, _STREAM_WORDS if stream else None)
 
     def text(self, s: str) -> str:
@@ -192,6 +201,45 @@ def _tree(obj: Any, skip: frozenset[str], depth: int) -> tuple[Any, bool]:
             if changed:
                 return orjson.dumps(new).decode(), True
     return obj, False
+
+
+def redact_body(redactor: Redactor, body: dict[str, Any] | None, raw: bytes | None) -> tuple[bytes, bool]:
+    """A request body, serialized with its secrets redacted; (the bytes, whether any were found).
+
+    Member by member and message by message, each cached: OpenClaw sends the whole conversation
+    again every turn, so a turn pays for its new messages only. The result is ``body``
+    re-serialized, never ``raw`` (the client's bytes), which may hold what the parse dropped (a
+    duplicate key). A body orjson cannot serialize (nested too deep) is redacted whole, from
+    ``raw`` when nothing needed redacting, as before; serializing it then raises where it must.
+    """
+    if body is not None:
+        try:
+            parts, changed = [], False
+            for k, v in body.items():
+                if k == "messages" and isinstance(v, list):
+                    items = [_redacted_json(redactor, orjson.dumps(m)) for m in v]
+                    changed |= any(c for _, c in items)
+                    parts.append(b'"messages":[' + b",".join([d for d, _ in items]) + b"]")
+                else:
+                    d, c = _redacted_json(redactor, orjson.dumps({k: v}))
+                    changed |= c
+                    parts.append(d[1:-1])  # '"k":v' out of '{"k":v}'
+            return b"{" + b",".join(parts) + b"}", changed
+        except (orjson.JSONEncodeError, TypeError):
+            pass
+    tree, changed = redactor.tree(body) if body is not None else (None, False)
+    data = orjson.dumps(tree) if changed or raw is None else raw
+    clean = redactor.bytes(data)
+    return clean, changed or clean != data
+
+
+@functools.lru_cache(maxsize=512)
+def _redacted_json(redactor: Redactor, data: bytes) -> tuple[bytes, bool]:
+    """One serialized JSON value with its secrets redacted (by structure, then by format)."""
+    tree, changed = redactor.tree(orjson.loads(data))
+    out = orjson.dumps(tree) if changed else data
+    clean = redactor.bytes(out)
+    return clean, changed or clean != data
 
 
 class RedactingFilter(logging.Filter):

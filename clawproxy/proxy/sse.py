@@ -3,7 +3,8 @@
 ``StreamTap`` runs on the hot path, once per upstream read, and does no IO (it is tested alone:
 tests/proxy/test_tap.py). For a recorded turn it parses each event once, with orjson, and builds
 the turn from it as the stream passes; an event it need not change goes to the client as the
-upstream's own bytes. ``assemble_stream`` / ``assemble_json`` run in the recorder's worker thread.
+upstream's own bytes. The tap (``tap.py``) builds a whole answer with ``assemble_obj`` from the
+parse it strips; ``assemble_stream`` / ``assemble_json`` rebuild a turn from a journal's raw bytes.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class Assembled:
     usage: dict[str, Any] | None = None
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
-    completion_logprobs: list[float] | None = None
+    completion_logprobs: list[float | None] | None = None  # None: the upstream gave none for that token
     weight_versions: list[int] = field(default_factory=list)
     error: str | None = None
     events: int = 0
@@ -279,10 +280,10 @@ class _StreamState:
         for tc in delta.get("tool_calls") or ():
             if not isinstance(tc, dict):
                 continue
-            key = tc.get("index", tc.get("id"))
-            if not isinstance(key, (int, str)) or isinstance(key, bool):
-                key = repr(key)  # a list or dict index cannot key the calls
-            call = self._call(key)
+            idx: Any = tc.get("index", tc.get("id"))
+            if not isinstance(idx, (int, str)) or isinstance(idx, bool):
+                idx = repr(idx)  # a list or dict index cannot key the calls
+            call = self._call(idx)
             if isinstance(tc.get("id"), str) and tc["id"]:
                 call["id"] = tc["id"]
             if isinstance(tc.get("type"), str) and tc["type"]:
@@ -345,13 +346,17 @@ def assemble_stream(raw: bytes) -> Assembled:
 
 def assemble_json(raw: bytes) -> Assembled:
     """Rebuild one turn from a non-streamed chat completion body."""
-    state = _StreamState()
-    out = state.out
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        out.error = "upstream returned a body that is not JSON"
-        return state.finish()
+        return Assembled(error="upstream returned a body that is not JSON")
+    return assemble_obj(obj)
+
+
+def assemble_obj(obj: Any) -> Assembled:
+    """One turn from a non-streamed chat completion, parsed."""
+    state = _StreamState()
+    out = state.out
     if not isinstance(obj, dict):
         return state.finish()
     if not state.envelope(obj):

@@ -178,7 +178,8 @@ async def test_turns_still_queued_when_shutdown_times_out_are_spooled(tmp_path):
     # Another process holds the write lock: the recorder's first batch waits on it, the second
     # turn is still queued when close() gives up waiting. It goes to the spool, not nowhere.
     from clawproxy.config import load_config
-    from clawproxy.proxy.recorder import Capture, Recorder
+    from clawproxy.proxy.recorder import Recorder
+    from clawproxy.proxy.tap import Capture
 
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": "http://127.0.0.1:9"})
     rec = Recorder(cfg)

@@ -11,7 +11,7 @@ import pytest
 
 from clawproxy.proxy import app as proxy_app
 from clawproxy.proxy.app import RECORDER_KEY
-from clawproxy.proxy.recorder import Capture
+from clawproxy.proxy.tap import Capture
 
 BODY = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -53,7 +53,7 @@ def _one(caps: list[Capture]) -> Capture:
 
 @pytest.mark.parametrize(("headers", "outcome"), [
     ({}, ("ok", 200, True)),
-    ({"x-fake-status": "500"}, ("ok", 500, False)),  # the recorder reads the error from the status
+    ({"x-fake-status": "500"}, ("error", 500, False)),  # the tap decides it: the status says error
     ({"x-fake-reject-tokens": "1"}, ("ok", 200, True)),  # asked again without our token fields
     ({"x-fake-raw": base64.b64encode(b'data: {"choices":[]}\n\n').decode()},
      ("error", 200, False)),  # cut before [DONE]

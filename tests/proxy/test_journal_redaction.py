@@ -9,15 +9,10 @@ import time
 
 import orjson
 
-from clawproxy.proxy.recorder import (
-    Capture,
-    _redacted_json,
-    journal_entry,
-    read_journal,
-    redact_body,
-)
-from clawproxy.proxy.redact import Redactor
+from clawproxy.proxy.journal import journal_entry, read_journal
+from clawproxy.proxy.redact import Redactor, _redacted_json, redact_body
 from clawproxy.proxy.sse import Added, StreamTap
+from clawproxy.proxy.tap import Capture
 from tests.rig.secret_shapes import CLEAN, shapes
 
 

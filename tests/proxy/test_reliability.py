@@ -369,7 +369,9 @@ async def test_store_rollback_keeps_the_real_error(tmp_path):
 
 async def test_recorder_journal_replays_turns_a_kill_left(tmp_path):
     from clawproxy.config import load_config
-    from clawproxy.proxy.recorder import Capture, Recorder, journal_entry
+    from clawproxy.proxy.journal import journal_entry
+    from clawproxy.proxy.recorder import Recorder
+    from clawproxy.proxy.tap import Capture
 
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": "http://127.0.0.1:9"})
     cfg.data_path.mkdir(parents=True)
@@ -552,8 +554,10 @@ async def test_every_secret_shape_is_redacted_everywhere_and_counts_stay(make_ri
 
 async def test_a_killed_proxys_journal_replays_a_redacted_turn_without_its_token_ids(tmp_path):
     from clawproxy.config import load_config
-    from clawproxy.proxy.recorder import Capture, Recorder, journal_entry
+    from clawproxy.proxy.journal import journal_entry
+    from clawproxy.proxy.recorder import Recorder
     from clawproxy.proxy.redact import Redactor
+    from clawproxy.proxy.tap import Capture
 
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "proxy.upstream": "http://127.0.0.1:9"})
     cfg.data_path.mkdir(parents=True)
