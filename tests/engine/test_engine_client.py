@@ -4,7 +4,6 @@ engine side runs against a real engine process in test_engine_server.py)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -31,7 +30,7 @@ def test_pause_whose_answer_times_out_is_still_resumed(fake, tmp_path):
         client.load_weights(str(tmp_path), 1)
     assert info.value.status == 503 and client.weight_version() == 0
     assert ("POST", "/resume") in [(m, p) for m, p, _ in app[CALLS]]
-    time.sleep(1.6)  # the late pause answer has been sent
+    assert app[STATE]["pause_answered"].wait(10)  # the late pause answer has been sent
     assert app[STATE]["pause_mode"] is None
 
 

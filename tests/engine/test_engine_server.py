@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -189,6 +190,14 @@ def test_openai_sdk_streaming(engine_url):
     assert full.choices[0].message.content == text
 
 
+def until_health(url: str, check: Callable[[dict], bool], timeout: float = 30.0) -> dict:
+    """The engine's /health once ``check`` holds for it (it counts running and waiting requests)."""
+    deadline = time.monotonic() + timeout
+    while not check(health := get(url + "/health").json()):
+        assert time.monotonic() < deadline, f"/health never got there: {health}"
+        time.sleep(0.01)
+    return health
+
 def test_pause_keep_freezes_and_resumes_without_errors(engine_url):
     client = EngineClient(engine_url)
     counts: list[int] = []
@@ -207,7 +216,8 @@ def test_pause_keep_freezes_and_resumes_without_errors(engine_url):
         assert client.is_paused()
         frozen = len(counts)
         waiting = pool.submit(chat, engine_url, {"messages": MSGS, "max_tokens": 3})
-        time.sleep(0.5)
+        held = until_health(engine_url, lambda h: h["waiting"] == 1)  # the new request reached the engine
+        assert held["running"] == 1 and held["paused"]  # and is held; the frozen one is kept, not ended
         assert len(counts) <= frozen + 1 and not waiting.done() and not running.done()
         client.resume()
         chunks, done, _ = running.result(60)
@@ -227,8 +237,8 @@ def test_pause_abort_ends_streams_and_holds_new_requests(engine_url):
         chunks, done, _ = running.result(30)
         assert done and chunks[-1]["choices"][0]["finish_reason"] == "abort"
         waiting = pool.submit(chat, engine_url, {"messages": MSGS, "max_tokens": 2})
-        time.sleep(0.3)
-        assert not waiting.done()
+        held = until_health(engine_url, lambda h: h["waiting"] == 1)  # the new request reached the engine
+        assert held["running"] == 0 and not waiting.done()  # and waits for the resume
         client.resume()
         assert waiting.result(60).status_code == 200
 

@@ -19,8 +19,8 @@ Failure knobs in ``app[STATE]``: ``fail_reload`` (the next ``reload_weights`` ra
 as in ``model_executor/model_loader/reload/``, leaves the model without weights: chat answers 500
 until a reload succeeds), ``fail_lora`` (the next adapter load raises in the engine: 500),
 ``prefix_cache_busy`` (``/reset_prefix_cache`` answers ``success: false`` unless
-``reset_running_requests=true``), ``pause_delay_s``. ``restart(app)`` forgets adapters and the
-weight version as a restarted server would.
+``reset_running_requests=true``), ``pause_delay_s`` (``pause_answered`` is set once that late answer is out). ``restart(app)``
+forgets adapters and the weight version as a restarted server would.
 
 Every call is appended to ``app[CALLS]`` as ``(method, path_qs, json_body_or_None)`` so tests can
 assert the exact sequence a client sends.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -101,6 +102,7 @@ def create_fake_vllm(
         "fail_lora": False,
         "prefix_cache_busy": False,
         "pause_delay_s": 0.0,
+        "pause_answered": threading.Event(),  # set when a /pause handler is done (a test thread waits on it)
         "in_flight": 0,
     }
     app[STATE]["resumed"].set()
@@ -335,9 +337,12 @@ async def pause(request: web.Request) -> web.Response:
     s = request.app[STATE]
     s["pause_mode"] = mode
     s["resumed"].clear()
-    if s["pause_delay_s"]:
-        await asyncio.sleep(s["pause_delay_s"])
-    return web.json_response({"status": "paused"})
+    try:
+        if s["pause_delay_s"]:
+            await asyncio.sleep(s["pause_delay_s"])
+        return web.json_response({"status": "paused"})
+    finally:
+        s["pause_answered"].set()
 
 
 async def resume(request: web.Request) -> web.Response:
