@@ -177,18 +177,28 @@ def test_users_remove_waits_for_a_publish_in_flight(tmp_path):
     store = Store(data / "clawproxy.db")
     store.add_user("alice", None)
     held, done = threading.Event(), threading.Event()
+    lock_file = store.path.with_name(store.path.name + ".publish.lock")
+
+    def someone_waits_for(path: Path) -> bool:
+        """The kernel lists a process blocked on ``path``'s flock ("->" lines of /proc/locks)."""
+        inode = str(path.stat().st_ino)
+        return any(f[1] == "->" and f[2] == "FLOCK" and f[6].rsplit(":", 1)[-1] == inode
+                   for f in (line.split() for line in Path("/proc/locks").read_text().splitlines())
+                   if len(f) > 6)
 
     def publish():
         with store.publish_lock():
             held.set()
-            time.sleep(1.0)
+            deadline = time.monotonic() + 10  # the CLI reaches the lock and blocks on it (or never does)
+            while not someone_waits_for(lock_file) and time.monotonic() < deadline:
+                time.sleep(0.01)
             done.set()
 
     t = threading.Thread(target=publish)
     t.start()
     held.wait(5)
     r = CliRunner().invoke(main, ["users", "remove", "alice", "--yes", "--data-dir", str(data)])
-    finished_first = done.is_set()  # without the lock the CLI returns while the publish still sleeps
+    finished_first = done.is_set()  # without the lock the CLI returns while the publish still holds it
     t.join(5)
     assert r.exit_code == 0, r.output
     assert finished_first and store.get_user("alice") is None
