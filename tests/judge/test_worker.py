@@ -153,13 +153,16 @@ def test_follow_picks_up_new_turns_and_exits_cleanly_on_sigterm(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cfg = tmp_path / "judge.yaml"
     cfg.write_text("judge:\n  poll_interval_s: 0.1\n")
+    add_turn(store, "s0", request="hello", response="hi!", next_user="thanks")
     proc = subprocess.Popen(_cli(tmp_path, "--follow", "--config", str(cfg)), cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and counts(store)[0] == 0:  # up, and through a first pass
+            time.sleep(0.05)
         tid = add_turn(store, "s1", request="hi", response="hello", next_user="perfect, thanks")
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and counts(store)[0] == 0:
+        while time.monotonic() < deadline and counts(store)[0] == 1:
             time.sleep(0.05)
         assert store.query_one("SELECT score FROM judgments WHERE turn_id=?", (tid,))["score"] == 1
         assert proc.poll() is None  # still following
@@ -169,7 +172,7 @@ def test_follow_picks_up_new_turns_and_exits_cleanly_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    assert "judged 1 turn" in out
+    assert "judged 2 turn" in out
     store.close()
 
 
