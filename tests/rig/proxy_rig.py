@@ -35,8 +35,7 @@ class ProxyRig:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             s = await self.stats()
-            if s["turns_recorded"] >= n and s["queue_depth"] == 0:
-                await asyncio.sleep(0.05)  # the batch that contained it has committed
+            if s["turns_recorded"] >= n and s["queue_depth"] == 0:  # counted once its transaction committed
                 return
             await asyncio.sleep(0.02)
         raise AssertionError(f"recorder did not write {n} turns in {timeout}s: {await self.stats()}")
