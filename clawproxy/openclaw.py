@@ -66,3 +66,15 @@ def clean_user_text(text: str) -> str:
     text = _TIMESTAMP.sub("", text, count=1)
     text = _RUNTIME.sub("", text)
     return text.strip()
+
+
+def last_user_text(messages: list[Any]) -> str:
+    """The last real user message, as the user typed it: the request a turn answered (tool loops
+    included; the transient context message is skipped)."""
+    for message in reversed(messages or []):
+        if not isinstance(message, dict) or message.get("role") != "user" or is_ctx(message):
+            continue
+        text = clean_user_text(content_text(message.get("content")))
+        if text:
+            return text
+    return ""

@@ -1,4 +1,4 @@
-"""`clawproxy users add|list|remove|share`: the people who share this proxy (clawproxy/users.py).
+"""`clawproxy users add|list|show|remove|share`: the people who share this proxy (clawproxy/users.py).
 
 Light imports only: this runs on every `clawproxy` invocation.
 """
@@ -90,6 +90,58 @@ def list_users(as_json: bool, config_path: str | None, data_dir: str | None) -> 
         table.add_row(r["name"], "yes" if r["shared"] else "no", str(r["turns"]),
                       f"v{r['version']}" if r["version"] else "none yet")
     Console().print(table)
+
+
+@users.command(context_settings=CTX)
+@click.argument("name", required=False)
+@click.option("-n", "--limit", type=int, default=20, show_default=True, help="Newest reactions to show.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@config_options
+def show(name: str | None, limit: int, as_json: bool, config_path: str | None, data_dir: str | None) -> None:
+    """NAME and what they told the model: their reactions to its answers, in their own words, newest
+    first (the judge's memory; without NAME, the one user of a proxy with no users)."""
+    from clawproxy.openclaw import last_user_text
+
+    cfg = build_config(config_path, data_dir)
+    if not cfg.db_path.exists():
+        raise click.ClickException(f"no store at {cfg.db_path}; `clawproxy start` records one.")
+    store = Store(cfg.db_path)
+    try:
+        if name is not None:
+            _known(store, name)
+        user = store.get_user(name) if name is not None else None
+        counts = store.reaction_counts(name)
+        rows = [{"turn_id": r["turn_id"], "score": r["score"], "said": r["text"], "created_at": r["created_at"],
+                 "session_id": r["session_id"],
+                 "about": last_user_text(r["request_messages"] or [])[:200]}
+                for r in store.reactions_of(name, limit=limit)]
+        judged = store.judge_summary(name, all_users=False)
+    finally:
+        store.close()
+    out = {"name": name, "shared": bool(user["shared"]) if user else None, "judged": judged,
+           "praised": counts.get(1, 0), "complained": counts.get(-1, 0), "reactions": rows}
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    who = name or "the one user (no users added)"
+    console = Console()
+    console.print(f"{escape(who)}: {judged['judged']} turn(s) judged, {judged['scored']} scored, "
+                  f"{judged['abstained']} abstained (too unsure), {judged['neutral']} neutral")
+    if not rows:
+        console.print("nothing told yet: reactions appear here once the judge scores a turn they replied to.")
+        return
+    table = Table(title=f"what {escape(who)} told the model ({out['praised']} praised, "
+                  f"{out['complained']} complained; newest {len(rows)})", title_justify="left")
+    for col in ("turn", "verdict", "they said", "about their request"):
+        table.add_column(col, overflow="fold")
+    for r in rows:  # the user's words are data, never markup
+        table.add_row(str(r["turn_id"]), "praised" if r["score"] > 0 else "complained",
+                      escape(r["said"]), escape(r["about"]))
+    console.print(table)
 
 
 @users.command(context_settings=CTX)

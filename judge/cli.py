@@ -31,7 +31,7 @@ def judge() -> None:
 def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
     """Judge every trainable main turn that has a next state and no judgment yet."""
     from clawproxy.store import Store
-    from judge.voters import build_hint_writer, build_voter
+    from judge.voters import build_hint_writer, build_voter, min_confidence
     from judge.worker import Worker
 
     cfg = build_config(config_path, data_dir, **{"judge.voter": voter, "judge.votes": votes})
@@ -45,8 +45,9 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
     store = None
     try:
         store = Store(cfg.db_path)
-        worker = Worker(store, build_voter(cfg), votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
-                        hint_writer=build_hint_writer(cfg))
+        the_voter = build_voter(cfg)
+        worker = Worker(store, the_voter, votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
+                        hint_writer=build_hint_writer(cfg), min_confidence=min_confidence(cfg, the_voter))
         total = None if follow else store.judge_backlog()["pending"]
         if limit is not None and total is not None:
             total = min(total, limit)
@@ -77,15 +78,17 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
               help="Every K-th case only: a spread-out subset for slow voters (e.g. a CPU LLM).")
 @click.option("--errors", "show_errors", is_flag=True, help="List the misjudged case ids.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--tradeoff", is_flag=True,
+              help="Also replay other confidence thresholds: sign precision against coverage.")
 def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model, data_dir, limit,
-             stride, show_errors, as_json) -> None:
+             stride, show_errors, as_json, tradeoff) -> None:
     """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases."""
     import orjson
     from rich.console import Console
 
     from judge.eval.dataset import load_cases
-    from judge.eval.evaluate import evaluate, render
-    from judge.voters import Voter, build_voter
+    from judge.eval.evaluate import TRADEOFF_GRID, evaluate, render, render_tradeoff
+    from judge.voters import Voter, build_voter, min_confidence
 
     cfg = build_config(config_path, data_dir, **{"judge.votes": votes, "judge.llm_url": llm_url,
                                                      "judge.llm_model": llm_model})
@@ -107,9 +110,14 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
         else:
             voter = build_voter(cfg, name)
         with progress(f"eval {name}", len(cases), disable=as_json) as advance:
-            report = evaluate(voter, cases, cfg.judge.votes, split, progress=advance)
+            report = evaluate(voter, cases, cfg.judge.votes, split, progress=advance,
+                              min_confidence=min_confidence(cfg, voter))
         reports.append(report)
         if not as_json:
             render(report, console, show_errors=show_errors)
+            if tradeoff:
+                render_tradeoff(report, console)
     if as_json:
-        click.echo(orjson.dumps([r.as_dict() for r in reports], option=orjson.OPT_INDENT_2).decode())
+        out = [{**r.as_dict(), **({"tradeoff": r.tradeoff(list(TRADEOFF_GRID))} if tradeoff else {})}
+               for r in reports]
+        click.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())

@@ -32,6 +32,13 @@ class JudgeConfig:
         None, "Model name for the LLM voter (default: the supervised engine's base model, never the "
         "adapter being trained; the first of /v1/models for any other server)."
     )
+    min_confidence: float | None = setting(
+        None,
+        "Confidence a +1/-1 majority needs to count (the votes' mean probability of it); below it the "
+        "turn scores 0 and is not trained. Default: the voter's own threshold, chosen on the labeled "
+        "validation split (the embedding head's; 0 for llm and lexical). 0 never abstains.",
+        ge=0.0, le=1.0,
+    )
     hints: HintSource = setting(
         "quote",
         "OPD hints of -1 turns: 'quote' (the user's corrective words, or the LLM voter's own hint) or "

@@ -133,6 +133,7 @@ class Head:
     good_threshold: float   # "good" only when it is the likeliest class with p(good) >= this
     bad_threshold: float    # "bad" likewise; anything less sure abstains (0): a wrong sign costs more
     meta: dict[str, Any]
+    min_confidence: float = 0.0  # the m votes' mean probability a ±1 majority needs (judge.voters.combine)
 
     @property
     def k(self) -> int:
@@ -163,6 +164,7 @@ class Head:
             "bias": np.round(self.bias, 6).tolist(),
             "good_threshold": self.good_threshold,
             "bad_threshold": self.bad_threshold,
+            "min_confidence": self.min_confidence,
             "meta": self.meta,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,11 +184,12 @@ class Head:
             good_threshold=float(data["good_threshold"]),
             bad_threshold=float(data["bad_threshold"]),
             meta=data.get("meta", {}),
+            min_confidence=float(data.get("min_confidence", 0.0)),
         )
 
 
 def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, c: float = 0.03, seed: int = 0,
-             good_threshold: float = 0.5, bad_threshold: float = 0.5,
+             good_threshold: float = 0.5, bad_threshold: float = 0.5, min_confidence: float = 0.0,
              meta: dict[str, Any] | None = None) -> Head:
     """Fit K class-balanced multinomial logistic regressions (inverse L2 strength ``c``), each on a
     bootstrap resample of (x, y) with y = class index (0 bad, 1 neutral, 2 good)."""
@@ -204,4 +207,4 @@ def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, c: float = 0.03, seed: in
         bs.append(model.intercept_)
     return Head(mean=mean.astype(np.float32), std=std.astype(np.float32), weights=np.stack(ws).astype(np.float32),
                 bias=np.stack(bs).astype(np.float32), good_threshold=good_threshold, bad_threshold=bad_threshold,
-                meta=meta or {})
+                meta=meta or {}, min_confidence=min_confidence)

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from clawproxy.openclaw import clean_user_text, content_text, is_ctx
+from clawproxy.openclaw import clean_user_text, content_text, is_ctx, last_user_text
 
 
 @dataclass
@@ -28,17 +28,9 @@ class JudgeInput:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-
-
 def last_user_request(messages: list[dict[str, Any]]) -> str:
     """The last real user message: the request this turn answered (tool loops included)."""
-    for message in reversed(messages or []):
-        if message.get("role") != "user" or is_ctx(message):
-            continue
-        text = clean_user_text(content_text(message.get("content")))
-        if text:
-            return text
-    return ""
+    return last_user_text(messages)
 
 
 def render_tool_calls(tool_calls: list[dict[str, Any]] | None) -> str:

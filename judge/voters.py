@@ -3,7 +3,9 @@
 A voter turns one ``JudgeInput`` into a ``Vote``: a score in {+1, 0, -1} or None for a failed vote
 (a malformed LLM answer), plus an optional OPD hint and the raw output kept for the record. A
 voter that raises (an unreachable endpoint, a bug) is not a verdict: the worker retries the turn
-later (judge/worker.py). ``majority`` combines m votes. Three voters exist:
+later (judge/worker.py). ``combine`` turns m votes into a ``Verdict``: their majority, its confidence, and the score, which is
+0 when the confidence is below the voter's threshold (a wrong sign trains the model toward a bad
+answer; a 0 only costs a sample). Three voters exist:
 
 - ``embedding`` (CPU default): bagged logistic heads over sentence embeddings, lexical cues and
   word overlap; abstains (0) when unsure.
@@ -36,10 +38,12 @@ class Vote:
     hint: str | None = None
     raw: str | None = None
     error: str | None = None
+    probs: tuple[float, float, float] | None = None  # p(-1), p(0), p(+1), where the voter has them
 
 
 class Voter(Protocol):
     name: str
+    min_confidence: float  # the threshold chosen on validation for this voter (0: never abstain)
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
         """Vote number ``idx`` (0..m-1) on one turn."""
@@ -55,6 +59,40 @@ def majority(votes: Sequence[Vote]) -> int:
     if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
         return 0
     return int(ranked[0][0])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """m votes combined: ``majority`` before the confidence threshold, ``score`` after it."""
+
+    majority: int
+    confidence: float | None  # the votes' mean probability of ``majority`` (None when it is 0)
+    score: int
+
+    @property
+    def abstained(self) -> bool:
+        """The votes leaned one way, but not surely enough to train on."""
+        return self.majority != 0 and self.score == 0
+
+
+def vote_probability(vote: Vote, score: int) -> float:
+    """How likely ``vote`` holds ``score`` to be right: its own probability where it has one, else
+    1 for the score it gave and 0 for any other (a failed vote is evidence for nothing)."""
+    if vote.score is None:
+        return 0.0
+    if vote.probs is not None:
+        return float(vote.probs[score + 1])
+    return float(vote.score == score)
+
+
+def combine(votes: Sequence[Vote], min_confidence: float = 0.0) -> Verdict:
+    """The majority of ``votes`` and its confidence (the mean over all m votes of each vote's
+    probability of it); a majority less sure than ``min_confidence`` scores 0."""
+    top = majority(votes)
+    if top == 0 or not votes:
+        return Verdict(top, None, 0)
+    conf = sum(vote_probability(v, top) for v in votes) / len(votes)
+    return Verdict(top, conf, top if conf >= min_confidence else 0)
 
 
 def final_hint(votes: Sequence[Vote], score: int) -> str | None:
@@ -77,6 +115,7 @@ class LexicalVoter:
     """Cue rules only: explicit complaint > praise > bare ack > restated request > moving on."""
 
     name = "lexical"
+    min_confidence = 0.0  # its rules fire or abstain; there is no probability to threshold
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
         if inp.role == "tool":
@@ -96,6 +135,7 @@ class EmbeddingVoter:
         from judge.embedding import HEAD_PATH, Head, load_encoder
 
         self.head = Head.load(head_path or HEAD_PATH)
+        self.min_confidence = self.head.min_confidence
         load_encoder()
         self._cache: tuple[tuple[str, str, str], Any] | None = None
 
@@ -122,7 +162,8 @@ class EmbeddingVoter:
         p = self.head.probs(x, model)
         score = int(self.head.decide(p)[0]) - 1
         raw = f"head {model}: p(bad)={p[0]:.3f} p(neutral)={p[1]:.3f} p(good)={p[2]:.3f} -> {score:+d}"
-        return Vote(score, feedback_hint(inp) if score == -1 else None, raw=raw)
+        return Vote(score, feedback_hint(inp) if score == -1 else None, raw=raw,
+                    probs=(float(p[0]), float(p[1]), float(p[2])))
 
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
         if inp.role == "tool":
@@ -203,6 +244,7 @@ class LLMVoter:
     """Asks an OpenAI-compatible chat endpoint about user next states (tool results go by rule)."""
 
     name = "llm"
+    min_confidence = 0.0  # its votes carry no probability: the share that agree is the confidence
 
     def __init__(self, base_url: str, model: str | None = None, temperature: float = 0.7,
                  max_tokens: int = 200, timeout_s: float = 120.0, api_key: str | None = None) -> None:
@@ -298,6 +340,13 @@ def build_voter(cfg: Any, name: str | None = None) -> Voter:
         return LLMVoter(url, model, cfg.judge.temperature,
                         max_tokens=cfg.judge.llm_max_tokens, timeout_s=cfg.judge.llm_timeout_s)
     raise ValueError(f"unknown voter {name!r}: use embedding, llm or lexical")
+
+
+def min_confidence(cfg: Any, voter: Voter) -> float:
+    """``judge.min_confidence`` when set, else the voter's own threshold (chosen on validation)."""
+    if cfg.judge.min_confidence is not None:
+        return float(cfg.judge.min_confidence)
+    return float(getattr(voter, "min_confidence", 0.0))
 
 
 def _llm_endpoint(cfg: Any) -> tuple[str, str | None]:

@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clawproxy.store import Store
-from judge.extract import from_turn
-from judge.voters import HintWriter, Vote, Voter, cast, final_hint, majority
+from judge.extract import JudgeInput, from_turn
+from judge.hints import corrective_part
+from judge.voters import HintWriter, Vote, Voter, cast, combine, final_hint
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Worker:
     max_attempts: int = 3
     backoff_s: float = 2.0
     hint_writer: HintWriter | None = None
+    min_confidence: float = 0.0  # a ±1 majority less sure than this scores 0 (judge.voters.combine)
     judged: int = 0
     _retry: dict[int, _Retry] = field(default_factory=dict)
 
@@ -66,7 +68,7 @@ class Worker:
     def written_hint(self, turn: dict[str, Any], votes: list[Vote]) -> str | None:
         """The hint writer's instruction for a -1 turn, or None (no writer, nothing to change, or
         the writer failed: then the voters' own hint stands, and the turn is not held back)."""
-        if self.hint_writer is None or majority(votes) != -1:
+        if self.hint_writer is None or combine(votes, self.min_confidence).score != -1:
             return None
         try:
             return self.hint_writer.write(from_turn(turn))
@@ -75,12 +77,17 @@ class Worker:
                         turn["id"], type(e).__name__, e)
             return None
 
-    def write(self, turn_id: int, votes: list[Vote], hint: str | None = None) -> int | None:
-        """Write the votes and the judgment atomically; None if the turn was judged meanwhile."""
-        score = majority(votes)
+    def write(self, turn_id: int, votes: list[Vote], hint: str | None = None,
+              inp: JudgeInput | None = None) -> int | None:
+        """Write the votes, the judgment and the user's reaction (to their memory) atomically;
+        None if the turn was judged meanwhile."""
+        verdict = combine(votes, self.min_confidence)
+        score = verdict.score
         hint = (hint if score == -1 else None) or final_hint(votes, score)
-        written = self.store.record_judgment(turn_id, score=score, hint=hint, voter=self.voter.name,
-                                             votes=[asdict(v) for v in votes])
+        written = self.store.record_judgment(
+            turn_id, score=score, hint=hint, voter=self.voter.name,
+            votes=[{k: v for k, v in asdict(vote).items() if k != "probs"} for vote in votes],
+            majority=verdict.majority, confidence=verdict.confidence, reaction=reaction_text(inp))
         return score if written else None
 
     def judge_turn(self, turn: dict[str, Any]) -> int | None:
@@ -98,7 +105,7 @@ class Worker:
             self._retry[tid] = _Retry(attempt, time.monotonic() + delay)
             return None
         self._retry.pop(tid, None)
-        score = self.write(tid, votes, self.written_hint(turn, votes))
+        score = self.write(tid, votes, self.written_hint(turn, votes), from_turn(turn))
         if score is not None:
             self.judged += 1
         return score
@@ -148,3 +155,15 @@ class Worker:
                 continue
             stop.wait(poll_interval_s)
         return total
+
+
+MAX_REACTION = 500
+
+
+def reaction_text(inp: JudgeInput | None) -> str | None:
+    """What the user said about the answer, for their memory: the reply up to where it moves on to
+    the next request. None for a tool's output or an empty reply."""
+    if inp is None or inp.role != "user" or not inp.next_state.strip():
+        return None
+    text = corrective_part(inp.next_state, inp.request).strip()
+    return text[: MAX_REACTION - 1].rstrip() + "…" if len(text) > MAX_REACTION else text

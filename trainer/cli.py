@@ -189,12 +189,14 @@ def collect_stats(store: Any, user: str | None = None) -> dict[str, Any]:
     if user is not None:
         return {"user": user, "current_version": store.latest_weight_version(user),
                 "versions": [versions[k] for k in sorted(versions)], "gate_failures": gate_failures,
-                "rollbacks": rollbacks, **store.training_counts_of(user)}
+                "rollbacks": rollbacks, "judge": store.judge_summary(user, all_users=False),
+                **store.training_counts_of(user)}
     return {
         "current_version": store.latest_weight_version(),
         "versions": [versions[k] for k in sorted(versions)],
         "gate_failures": gate_failures,
         "rollbacks": rollbacks,
+        "judge": store.judge_summary(),
         "skipped_by_reason": store.skipped_by_reason(),
         "trained_by_kind": store.trained_by_kind(),
         "steps": sum(store.step_counts().values()),
@@ -280,6 +282,9 @@ def stats(config_path, data_dir, as_json, plot_path, user) -> None:
                       f"{v['steps_published']}/{v['steps_gate_failed']}")
     console = Console()
     console.print(table)
+    j = data["judge"]
+    console.print(f"judge: {j['judged']} turn(s) judged, {j['scored']} scored, {j['abstained']} abstained "
+                  f"(a majority too unsure to train on), {j['neutral']} neutral")
     if data["gate_failures"]:
         console.print("gate failures: " + "; ".join(
             f"step {g['step_id']} from v{g['base_version']}: {', '.join(g['failed'])}" for g in data["gate_failures"]))

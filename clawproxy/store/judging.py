@@ -36,8 +36,10 @@ class Judging(Core):
         )
 
     def record_judgment(self, turn_id: int, *, score: int, hint: str | None, voter: str,
-                        votes: list[dict[str, Any]]) -> bool:
-        """One transaction: the votes (raw, score, hint, error) and the judgment, unless already judged (False)."""
+                        votes: list[dict[str, Any]], majority: int | None = None,
+                        confidence: float | None = None, reaction: str | None = None) -> bool:
+        """One transaction: the votes (raw, score, hint, error), the judgment and, for a scored turn
+        the user reacted to, the reaction in the user's memory; unless already judged (False)."""
         now = time.time()
         with self.transaction() as conn:
             if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
@@ -51,15 +53,31 @@ class Judging(Core):
                  for i, v in enumerate(votes)],
             )
             conn.execute(
-                "INSERT INTO judgments (turn_id, score, hint, voter, created_at) VALUES (?, ?, ?, ?, ?)",
-                (turn_id, score, hint, voter, now),
+                "INSERT INTO judgments (turn_id, score, hint, voter, created_at, majority, confidence) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (turn_id, score, hint, voter, now, score if majority is None else majority, confidence),
             )
+            if reaction and score != 0:
+                conn.execute(
+                    "INSERT INTO reactions (turn_id, user, score, text, created_at) "
+                    "SELECT id, user, ?, ?, ? FROM turns WHERE id=?", (score, reaction, now, turn_id))
         return True
 
     def add_judgment(self, turn_id: int, score: int, hint: str | None, voter: str) -> None:
         """A judgment from outside the judge (the simulator's oracle); a turn already judged keeps its own."""
         self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
                                   "created_at": time.time()}, or_ignore=True)
+
+    def judge_summary(self, user: str | None = None, *, all_users: bool = True) -> dict[str, int]:
+        """Judged turns: judged, scored (+1 or -1), abstained (a majority too unsure to train on),
+        neutral (a 0 majority); of one user's turns unless ``all_users``."""
+        where, params = ("", ()) if all_users else ("WHERE t.user IS ?", (user,))
+        rows = self.query(
+            "SELECT COUNT(*) AS judged, COALESCE(SUM(j.score != 0), 0) AS scored, "
+            "COALESCE(SUM(j.score = 0 AND COALESCE(j.majority, 0) != 0), 0) AS abstained "
+            f"FROM judgments j JOIN turns t ON t.id = j.turn_id {where}", params)
+        row = rows[0]  # an aggregate without GROUP BY is always one row
+        return {**row, "neutral": row["judged"] - row["scored"] - row["abstained"]}
 
     def judgment_counts(self) -> dict[int, int]:
         """Judged turns by majority score."""

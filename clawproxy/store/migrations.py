@@ -153,4 +153,19 @@ MIGRATIONS: list[str] = [
     ALTER TABLE checkpoints ADD COLUMN user TEXT;   -- whose adapter this is (NULL: shared)
     CREATE INDEX turns_user ON turns(user, trainable, kind);
     """,
+    # v7 (judge): a verdict keeps its majority and confidence beside the score, so an abstention
+    # (majority +1/-1, too unsure, score 0) is told from a neutral verdict. ``reactions`` is each
+    # user's memory: their own words about the answers, one row per judged turn, deleted with it.
+    """
+    ALTER TABLE judgments ADD COLUMN majority INTEGER;   -- the votes' majority before the threshold
+    ALTER TABLE judgments ADD COLUMN confidence REAL;    -- the votes' mean probability of it
+    CREATE TABLE reactions (
+        turn_id     INTEGER PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
+        user        TEXT,                    -- whose (NULL: the one user of a proxy with no users)
+        score       INTEGER NOT NULL,        -- the judgment: +1 praised, -1 complained about
+        text        TEXT NOT NULL,           -- the user's reaction, as recorded (redacted)
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX reactions_user ON reactions(user, turn_id);
+    """,
 ]

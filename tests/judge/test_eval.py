@@ -71,8 +71,11 @@ def test_eval_command_json():
 
 
 def test_default_voter_meets_the_bar_on_validation(embedding_voter):
+    # the shipped head saw validation: these bars catch a broken head, they measure nothing
     report = evaluate(embedding_voter, load_cases("validation"), m=3, split="validation")
-    assert report.accuracy >= 0.85 and report.fpr <= 0.05, report.as_dict()
+    assert report.sign_precision >= 0.95 and report.coverage >= 0.6, report.as_dict()
+    everything = report.tradeoff([0.0])[0]
+    assert everything["accuracy"] >= 0.85 and everything["fpr"] <= 0.05, everything
     assert report.failed_votes == 0
 
 

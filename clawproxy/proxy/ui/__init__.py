@@ -38,6 +38,7 @@ from aiohttp import web
 from clawproxy.config import Config
 from clawproxy.edge import check_control, error_response, query_int, same_origin, same_secret
 from clawproxy.errors import ClawproxyError, Forbidden, NotFound, RequestError, StoreError
+from clawproxy.openclaw import last_user_text
 from clawproxy.simulate.measure import adoption_curves
 from clawproxy.store import Store
 from clawproxy.turn_view import turn_view
@@ -49,6 +50,7 @@ PREFIX = "/clawproxy/ui"
 SCORE_BUCKET_S = 3600.0  # the score-over-time chart: one point per hour
 ROLLBACK_TIMEOUT_S = 300.0
 LIVE_TURNS = 20
+MEMORY_ROWS = 100  # a user's newest reactions on the memory page
 
 
 @dataclass
@@ -103,6 +105,7 @@ def setup(app: web.Application, cfg: Config, recording: Callable[[], dict[str, A
     r.add_get(PREFIX + "/sessions", sessions)
     r.add_get(PREFIX + "/sessions/{sid:.+}", session)  # session ids may hold a "/"
     r.add_get(PREFIX + "/learning", learning)
+    r.add_get(PREFIX + "/memory", memory)
     r.add_get(PREFIX + "/versions", versions)
     r.add_post(PREFIX + "/versions/rollback", rollback)
     r.add_get(PREFIX + "/api/live", api_live)
@@ -203,6 +206,7 @@ def _overview(s: Store, cfg: Config) -> dict[str, Any]:
         if serving else {"version": 0, "published_at": None},
         "today": s.turns_and_sessions_since(_midnight()),
         "judge": _judge_state(s, cfg),
+        "verdicts": s.judge_summary(),
         "trainer": _trainer_state(s, cfg),
         "skipped": sorted(s.skipped_by_reason().items(), key=lambda kv: -kv[1]),
         "quarantined": s.quarantine_count(),
@@ -296,6 +300,22 @@ async def learning(request: web.Request) -> web.Response:
     # Inside <script> only "</" could end the element: "<" is escaped the way JSON allows.
     data_json = orjson.dumps(data).decode().replace("<", "\\u003c")
     return _page(request, "learning.html", {"data": data, "data_json": data_json, **pick})
+
+
+@guarded
+async def memory(request: web.Request) -> web.Response:
+    """What a user told the model: their reactions the judge scored, in their own words."""
+    ui = request.app[UI_KEY]
+    user = request.query.get("user") or None
+
+    def read(s: Store) -> dict[str, Any]:
+        pick = _of_user(s, user)
+        rows = [{**r, "about": last_user_text(r["request_messages"] or [])[:300]}
+                for r in s.reactions_of(user, limit=MEMORY_ROWS)]
+        return {**pick, "reactions": rows, "counts": s.reaction_counts(user),
+                "verdicts": s.judge_summary(user, all_users=False)}
+
+    return _page(request, "memory.html", await ui.read(read))
 
 
 @guarded
