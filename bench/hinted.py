@@ -17,7 +17,7 @@ the judge's.
 
     .venv/bin/python bench/hinted.py --engine-url http://127.0.0.1:8000 --model qwen2.5-coder-1.5b
 
-Figures: the README's Figures table (the 1.5B through vLLM, and SmolLM2-135M in process).
+Figures: bench/results/README.md (the 1.5B through vLLM, and SmolLM2-135M in process).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ are swept on the split it reads (pick them on validation, then pass them for the
 replaces the voter's system prompt (bench/judge/prompt-v2.txt is the one tried on validation).
 
 Choose on ``--split validation``. The held-out split is scored once per released voter: the script
-asks for ``--release`` before it reads it, and the README's judge table counts those looks.
+asks for ``--release`` before it reads it, and bench/results/README.md's judge row counts those looks.
 
     .venv/bin/python bench/judge_candidates.py --llm-url http://127.0.0.1:8100 --split validation
 """
