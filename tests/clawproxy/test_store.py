@@ -13,14 +13,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
-    # Each child sleeps until the same instant, then opens (and so migrates) the same new file.
+    # Each child imports, says so, and waits for the go on stdin; then all open (and so migrate) one new file.
     for trial in range(3):
         db = tmp_path / f"t{trial}" / "clawproxy.db"
-        at = time.time() + 1.0
-        code = (f"import time; time.sleep(max(0, {at} - time.time())); "
-                f"from clawproxy.store import Store; Store({str(db)!r}).close()")
-        procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE,
-                                  text=True) for _ in range(4)]
+        code = ("import sys; from clawproxy.store import Store; print('ready', flush=True); "
+                f"sys.stdin.readline(); Store({str(db)!r}).close()")
+        procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        assert all(p.stdout is not None and p.stdout.readline() == "ready\n" for p in procs)
+        for p in procs:  # the go, to all four at once
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
         errors = [p.communicate(timeout=60)[1] for p in procs]
         assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
         s = Store(db)
