@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,66 +183,104 @@ FACTS = [  # (message, a word every right answer holds)
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(2400)  # vLLM start, four answers and a LoRA step of a 1.5B model on a 2-core CPU
-def test_default_stack_holds_a_real_conversation(openclaw, tmp_path):
-    """The default engine and model (vLLM serving Qwen2.5-Coder-1.5B), configured only by
-    `openclaw-config --write`: three factual questions in one session get answers that stop, most
-    of them right, recorded as linked and judged turns; one real LoRA step is published into the
-    serving vLLM, and the next answer is recorded under the new weight version."""
-    engine_port = free_port()
-    proc, port, data = _start(tmp_path, "--engine-port", str(engine_port), "--no-train")
+@dataclass
+class DefaultStack:
+    port: int
+    engine_port: int
+    data: Path
+    home: Path
+    config: Path
+
+
+@pytest.fixture(scope="module")
+def default_stack(openclaw, tmp_path_factory):
+    """`clawproxy start` with the default engine and model (vLLM serving Qwen2.5-Coder-1.5B), no
+    trainer child, configured only by `openclaw-config --write`. Starting it takes minutes on a
+    2-core CPU, under ``_start``'s own deadline, so the tests below share it."""
+    tmp_path = tmp_path_factory.mktemp("default-stack")
+    with held_port() as engine_port:
+        proc, port, data = _start(tmp_path, "--engine-port", str(engine_port), "--no-train")
     try:
         home = tmp_path / "home"
-        cfg_path = _write_config(home, port)
-        block = json.loads(cfg_path.read_text())
-        model = block["models"]["providers"]["clawproxy"]["models"][0]
-        assert model["id"] == "qwen2.5-coder-1.5b" and model["contextWindow"] == 32768
-        assert model["compat"]["supportsTools"] is False  # the chat profile, this model's cap
-        # OpenClaw sends no sampling settings: vLLM applies the served directory's generation config,
-        # which must hold the publisher's (catalog); vLLM's own log of it is buffered, so not read here
-        started = [ln for ln in (data / "logs" / "engine.log").read_text().splitlines()
-                   if "starting vLLM:" in ln][-1]
-        served = Path(started.split(" --model ", 1)[1].split(" ", 1)[0])
-        gen = json.loads((served / "generation_config.json").read_text())
-        assert "--generation-config auto" in started and gen["temperature"] == 0.7 and gen["top_k"] == 20, gen
-
-        answers = []
-        for msg, _ in FACTS:
-            out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m", msg],
-                               home, cfg_path)
-            answers.append(out["payloads"][0]["text"])
-        right = [word in text.lower() for (_, word), text in zip(FACTS, answers, strict=True)]
-        assert sum(right) >= 2, answers
-
-        turns = _wait(lambda: (t := _main_turns(data)) and len(t) == 3 and t, 30, "three turns")
-        assert len({t["session_id"] for t in turns}) == 1
-        assert turns[0]["next_turn_id"] == turns[1]["id"] and turns[1]["next_turn_id"] == turns[2]["id"]
-        for t in turns:
-            assert t["status"] == "ok" and t["finish_reason"] == "stop", t
-            assert t["weight_version"] == 0 and t["completion_logprobs"], t
-        for t in turns[:2]:  # both have a next state: trainable and judged
-            assert t["trainable"] == 1 and t["reason"] == "ok", t
-            _wait(lambda t=t: _query(data, "SELECT 1 FROM judgments WHERE turn_id=?", (t["id"],)),
-                  180, f"turn {t['id']} judged")
-
-        # One real LoRA step on what was judged, published into the vLLM that keeps serving.
-        r = subprocess.run([sys.executable, "-m", "clawproxy.cli", "train", "--data-dir", str(data),
-                            "--steps", "1", "--batch-size", "1", "--engine-url",
-                            f"http://127.0.0.1:{engine_port}"], capture_output=True, text=True, timeout=1500,
-                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        (step,) = _query(data, "SELECT * FROM train_steps")
-        assert step["status"] == "published", (step, r.stdout[-2000:])
-        from clawproxy.engine.client import EngineClient
-
-        adapters = EngineClient(f"http://127.0.0.1:{engine_port}").served_adapters()
-        assert adapters == {"clawproxy": str(data / "checkpoints" / f"v{step['new_version']}")}
-
-        out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m",
-                            "And the capital of Italy?"], home, cfg_path)
-        assert out["payloads"][0]["text"].strip(), out
-        last = _wait(lambda: (t := _main_turns(data)) and len(t) == 4 and t[-1], 30, "the fourth turn")
-        assert last["weight_version"] == step["new_version"] and last["status"] == "ok", last
+        yield DefaultStack(port, engine_port, data, home, _write_config(home, port))
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def conversation(openclaw, default_stack) -> list[str]:
+    """Three factual questions in one session, each under the client's own deadline; returned once
+    the turns are recorded and the two with a next state are judged."""
+    s = default_stack
+    answers = [openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m", msg],
+                            s.home, s.config)["payloads"][0]["text"] for msg, _ in FACTS]
+    turns = _wait(lambda: (t := _main_turns(s.data)) and len(t) == 3 and t, 30, "three turns")
+    for turn in turns[:2]:
+        _wait(lambda turn=turn: _query(s.data, "SELECT 1 FROM judgments WHERE turn_id=?", (turn["id"],)),
+              180, f"turn {turn['id']} judged")
+    return answers
+
+
+@pytest.fixture(scope="module")
+def published(conversation, default_stack) -> dict[str, Any]:
+    """One real LoRA step on the judged turns, published into the vLLM that keeps serving (a step of
+    the 1.5B takes minutes on this CPU: bench/results/train-memory-1.5b.md), under its own deadline."""
+    s = default_stack
+    r = subprocess.run([sys.executable, "-m", "clawproxy.cli", "train", "--data-dir", str(s.data),
+                        "--steps", "1", "--batch-size", "1", "--engine-url",
+                        f"http://127.0.0.1:{s.engine_port}"], capture_output=True, text=True, timeout=1500,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (step,) = _query(s.data, "SELECT * FROM train_steps")
+    assert step["status"] == "published", (step, r.stdout[-2000:])
+    return step
+
+
+@pytest.mark.slow
+def test_default_stack_is_configured_by_openclaw_config(default_stack):
+    s = default_stack
+    block = json.loads(s.config.read_text())
+    model = block["models"]["providers"]["clawproxy"]["models"][0]
+    assert model["id"] == "qwen2.5-coder-1.5b" and model["contextWindow"] == 32768
+    assert model["compat"]["supportsTools"] is False  # the chat profile, this model's cap
+    # OpenClaw sends no sampling settings: vLLM applies the served directory's generation config,
+    # which must hold the publisher's (catalog); vLLM's own log of it is buffered, so not read here
+    started = [ln for ln in (s.data / "logs" / "engine.log").read_text().splitlines()
+               if "starting vLLM:" in ln][-1]
+    served = Path(started.split(" --model ", 1)[1].split(" ", 1)[0])
+    gen = json.loads((served / "generation_config.json").read_text())
+    assert "--generation-config auto" in started and gen["temperature"] == 0.7 and gen["top_k"] == 20, gen
+
+
+@pytest.mark.slow
+def test_default_stack_holds_a_real_conversation(default_stack, conversation):
+    """Answers that stop, most of them right, recorded as linked and judged turns."""
+    s = default_stack
+    right = [word in text.lower() for (_, word), text in zip(FACTS, conversation, strict=True)]
+    assert sum(right) >= 2, conversation
+
+    turns = _main_turns(s.data)
+    assert len(turns) == 3 and len({t["session_id"] for t in turns}) == 1
+    assert turns[0]["next_turn_id"] == turns[1]["id"] and turns[1]["next_turn_id"] == turns[2]["id"]
+    for t in turns:
+        assert t["status"] == "ok" and t["finish_reason"] == "stop", t
+        assert t["weight_version"] == 0 and t["completion_logprobs"], t
+    for t in turns[:2]:  # both have a next state: trainable and judged
+        assert t["trainable"] == 1 and t["reason"] == "ok", t
+        assert _query(s.data, "SELECT 1 FROM judgments WHERE turn_id=?", (t["id"],)), t
+
+
+@pytest.mark.slow
+def test_a_lora_step_is_published_and_the_next_answer_served_by_it(openclaw, default_stack, published):
+    """The next answer is recorded under the new weight version."""
+    from clawproxy.engine.client import EngineClient
+
+    s = default_stack
+    adapters = EngineClient(f"http://127.0.0.1:{s.engine_port}").served_adapters()
+    assert adapters == {"clawproxy": str(s.data / "checkpoints" / f"v{published['new_version']}")}
+
+    out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m",
+                        "And the capital of Italy?"], s.home, s.config)
+    assert out["payloads"][0]["text"].strip(), out
+    last = _wait(lambda: (t := _main_turns(s.data)) and len(t) == 4 and t[-1], 30, "the fourth turn")
+    assert last["weight_version"] == published["new_version"] and last["status"] == "ok", last
