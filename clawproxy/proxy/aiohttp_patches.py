@@ -28,7 +28,7 @@ from multidict import CIMultiDict
 
 # status, aiohttp's message, the exception -> the answer (it must close the connection)
 ProtocolErrors = Callable[[int, str | None, BaseException | None], web.StreamResponse]
-PROTOCOL_ERRORS = web.AppKey("clawproxy_protocol_errors", ProtocolErrors)
+PROTOCOL_ERRORS: web.AppKey[ProtocolErrors] = web.AppKey("clawproxy_protocol_errors")
 
 _ESCAPED = re.compile("[\udc80-\udcff]")
 
@@ -38,7 +38,7 @@ def install() -> None:
     if not getattr(RequestHandler.handle_error, "_clawproxy", False):
         RequestHandler.handle_error = _json_handle_error(RequestHandler.handle_error)  # type: ignore[method-assign]
     if not getattr(http_writer._serialize_headers, "_clawproxy", False):
-        http_writer._serialize_headers = _raw_header_writer(http_writer._serialize_headers)
+        http_writer._serialize_headers = _raw_header_writer(http_writer._serialize_headers)  # type: ignore[assignment]
 
 
 def _json_handle_error(orig: Callable[..., web.StreamResponse]) -> Callable[..., web.StreamResponse]:

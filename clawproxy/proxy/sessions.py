@@ -58,10 +58,11 @@ def normalize_message(msg: Any) -> tuple:
         return ("?", str(msg))
     role = msg.get("role", "")
     text = _WS_RE.sub(" ", _THINK_RE.sub("", message_text(msg))).strip()
+    tool_calls = msg.get("tool_calls")
     calls = tuple(
         (str(fn.get("name", "")), _canon_args(fn.get("arguments", "")))
         if isinstance(fn := tc.get("function"), dict) else ("?", repr(fn))
-        for tc in (msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else ())
+        for tc in (tool_calls if isinstance(tool_calls, list) else ())
         if isinstance(tc, dict)
     )
     tcid = _NON_ALNUM.sub("", str(msg.get("tool_call_id") or ""))
@@ -357,7 +358,7 @@ class SessionTracker:
         if not self._warm:
             self.warm(store, rec["created_at"])
         body = rec.get("request_body") or {}
-        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        messages = raw if isinstance(raw := body.get("messages"), list) else []
         now = rec["created_at"]
         ident = identify(rec.get("session_headers") or {}, body) if body else Identity(None, None)
         user = rec.get("user")

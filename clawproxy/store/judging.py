@@ -29,7 +29,7 @@ class Judging(Core):
         """pending: turns in the judge's queue; since: when the oldest of them got its next state
         (its next turn's time), None when none waits; judged: judgments written; last_at: when the
         newest was written (None before any)."""
-        return self.query_one(
+        return self.query_row(
             "SELECT COUNT(*) AS pending, MIN(COALESCE(nx.created_at, u.created_at)) AS since, "
             "(SELECT COUNT(*) FROM judgments) AS judged, (SELECT MAX(created_at) FROM judgments) AS last_at "
             f"FROM ({_UNJUDGED}) u LEFT JOIN turns nx ON nx.id = u.next_turn_id"
@@ -103,4 +103,4 @@ class Judging(Core):
         )
 
     def vote_count(self) -> int:
-        return self.query_one("SELECT COUNT(*) AS n FROM votes")["n"]
+        return self.query_row("SELECT COUNT(*) AS n FROM votes")["n"]
