@@ -109,10 +109,11 @@ class StreamTap:
     redact), and keeps the upstream's bytes as received (``chunks``) for turns that went wrong.
     """
 
-    __slots__ = ("_rest", "_strip", "_turn", "chunks", "done", "generated")
+    __slots__ = ("_rest", "_strip", "_stripping", "_turn", "chunks", "done", "generated")
 
     def __init__(self, strip: Added = Added(), keep: bool = True):
         self._strip = strip
+        self._stripping = bool(strip)
         self._rest = b""
         self._turn = _StreamState() if keep else None
         self.chunks: list[bytes] | None = [] if keep else None
@@ -124,7 +125,7 @@ class StreamTap:
         if self.chunks is not None:
             self.chunks.append(data)
         events, self._rest = split_events(self._rest + data if self._rest else data)
-        if not self._strip:
+        if not self._stripping:
             for ev in events:
                 self._event(ev)
             return data
@@ -151,8 +152,8 @@ class StreamTap:
         if not data.startswith(b"{") and data.strip() == DONE:
             self.done = True
             return ev
-        turn, strip = self._turn, self._strip
-        if turn is None and not (strip and (b'token_ids"' in data or b'"logprobs"' in data)):
+        turn, stripping = self._turn, self._stripping
+        if turn is None and not (stripping and (b'token_ids"' in data or b'"logprobs"' in data)):
             return ev  # prompt_token_ids match too
         try:
             obj = orjson.loads(data)
@@ -164,7 +165,7 @@ class StreamTap:
             return ev
         if turn is not None:
             turn.chunk(obj)  # before stripping: the recorder wants the token fields
-        if not strip or not strip_obj(obj, strip):
+        if not stripping or not strip_obj(obj, self._strip):
             return ev
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -233,8 +234,9 @@ class _StreamState:
             self.order.append(key)
         return call
 
-    def envelope(self, obj: dict[str, Any], generated: bool = True) -> bool:
-        """The fields around the choices (chunk or whole body); False for an error object."""
+    def envelope(self, obj: dict[str, Any], generated: bool | None = True) -> bool:
+        """The fields around the choices (chunk or whole body); False for an error object.
+        ``generated`` None: work it out if the chunk's weight version needs it."""
         out = self.out
         if "error" in obj and not obj.get("choices"):
             err = obj["error"]
@@ -242,7 +244,11 @@ class _StreamState:
             return False
         out.response_id = out.response_id or obj.get("id")
         out.model = out.model or obj.get("model")
-        self._versions(obj, None if generated else self.idle_versions)
+        v = obj.get("weight_version")
+        if v is not None and (v not in self.out.weight_versions or v not in self.idle_versions):
+            if generated is None:
+                generated = _generated(obj)
+            self._versions(obj, None if generated else self.idle_versions)
         if isinstance(obj.get("usage"), dict):
             out.usage = obj["usage"]
         if isinstance(obj.get("prompt_token_ids"), list):
@@ -252,7 +258,7 @@ class _StreamState:
     def chunk(self, obj: dict[str, Any]) -> None:
         out = self.out
         out.events += 1
-        if not self.envelope(obj, generated=_generated(obj)):
+        if not self.envelope(obj, generated=None):
             return
         for choice in obj.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -267,6 +273,9 @@ class _StreamState:
 
     def _delta(self, delta: dict[str, Any]) -> None:
         c = delta.get("content")
+        if isinstance(c, str) and (len(delta) == 1 or (len(delta) == 2 and "role" in delta)):
+            self.text.append(c)  # most chunks: nothing else to look for
+            return
         if isinstance(c, str):
             self.text.append(c)
         r = delta.get("refusal")
