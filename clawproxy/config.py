@@ -167,6 +167,14 @@ class EngineConfig:
         "auto", "Serving dtype. auto: the named model's (`clawproxy models list`), else float32 on "
         "CPU (the trainer's log-probs exactly) and bfloat16 on GPUs."
     )
+    quantization: Literal["none", "w4a16"] = setting(
+        "none",
+        "vLLM: serve the weights in 4 bits, for fewer bytes read per decoded token. 'w4a16': int4 "
+        "linear layers (round-to-nearest, symmetric, a scale per 128 inputs; the embedding and "
+        "output head stay bfloat16) with bfloat16 activations, made once from engine.model and "
+        "cached beside it (clawproxy/engine/quantize.py). The trainer trains the unquantized "
+        "weights and publishes LoRA adapters. 'none': serve the weights as they are.",
+    )
     device: str = setting("cpu", "Where the engine runs: cpu, cuda, cuda:0 ...", pattern=r"^(cpu|cuda(:\d+)?)$")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
     max_model_len: int | None = setting(
@@ -318,6 +326,14 @@ class Config:
                 "float32" if self.engine.device == "cpu" else "bfloat16")
         if self.trainer.finetune == "auto":
             self.trainer.finetune = named.finetune if named else "full"
+        if self.engine.quantization != "none":
+            if self.engine.kind != "vllm":
+                raise ConfigError(f"engine.quantization={self.engine.quantization} needs engine.kind: vllm "
+                                  "(the embedded engine serves unquantized weights); set engine.quantization: none.")
+            if self.trainer.finetune != "lora":
+                raise ConfigError(f"engine.quantization={self.engine.quantization} serves 4-bit layers that "
+                                  "a full checkpoint cannot be reloaded into; set trainer.finetune: lora (the "
+                                  "trainer then publishes adapters) or engine.quantization: none.")
         if self.trainer.dtype == "auto":
             # full fine-tuning keeps float32 weights: an Adam step of 1e-5 vanishes in bfloat16
             fast = self.engine.device != "cpu" or cpu_has_bf16()

@@ -121,8 +121,12 @@ def exec_server(engine: EngineConfig, trainer: TrainerConfig, data_dir: str) -> 
         raise ConfigError("vLLM would serve LoRA adapters on this CPU with its own ops, which give a request "
                           "without an adapter the delta of another's (clawproxy/engine/vllm_lora_cpu.py); "
                           "clawproxy's vLLM plugin is not installed: run `make install` (pip install -e .).")
-    model_dir = str(resolve_model(engine.model, data_dir))
-    argv, env = server_command(engine, trainer, model_dir)
+    model_dir = resolve_model(engine.model, data_dir)
+    if engine.quantization != "none":
+        from clawproxy.engine.quantize import quantized_model
+
+        model_dir = quantized_model(Path(model_dir), data_dir, engine.quantization)
+    argv, env = server_command(engine, trainer, str(model_dir))
     logging.getLogger("clawproxy.engine").info("starting vLLM: %s", " ".join(argv))
     sys.stdout.flush()
     sys.stderr.flush()
