@@ -121,3 +121,19 @@ async def test_the_recorder_waits_for_a_quiet_moment_but_not_for_ever(rig, monke
     await rig.chat(BODY)
     await rig.wait_recorded(2, timeout=2.0)
     assert time.monotonic() - t0 < 0.5  # nothing in flight: at once
+
+
+async def test_an_addon_that_raises_never_fails_the_request(rig, monkeypatch, caplog):
+    from clawproxy.proxy.app import METRICS_KEY
+
+    def broken(*_a, **_k):
+        raise RuntimeError("addon bug")
+
+    # Recording's outcome hook runs before [DONE] goes out; Metrics' done hook after the last byte.
+    monkeypatch.setattr(rig.app[RECORDER_KEY], "submit", broken)
+    monkeypatch.setattr(rig.app[METRICS_KEY], "observe", broken)
+    status, _, body = await rig.chat(BODY)
+    assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+    failed = {r.getMessage().split(" failed")[0] for r in caplog.records if "addon hook" in r.getMessage()}
+    assert failed == {"addon hook Recording.outcome", "addon hook Metrics.done"}
+    assert (await rig.stats())["in_flight"] == 0  # the other addons' hooks still ran
