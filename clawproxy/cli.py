@@ -44,9 +44,12 @@ def main() -> None:
 @click.option("--engine", "engine_kind", type=click.Choice(["vllm", "embedded"]), default=None,
               help="The engine to start: vllm (default) or embedded (transformers; where vLLM does not install).")
 @click.option("--engine-port", type=int, default=None, help="Engine port (default 8081).")
+@click.option("--quantization", type=click.Choice(["none", "w4a16"]), default=None,
+              help="vLLM: serve 4-bit weights (w4a16) made from the model once; the trainer keeps the unquantized ones.")
 @click.option("--no-judge", is_flag=True, help="Do not run the judge worker.")
 @click.option("--no-train", is_flag=True, help="Do not run the trainer.")
-def start(config_path, data_dir, upstream, host, port, model, engine_kind, engine_port, no_judge, no_train) -> None:
+def start(config_path, data_dir, upstream, host, port, model, engine_kind, engine_port, quantization, no_judge,
+          no_train) -> None:
     """Run the proxy (and, without --upstream, the engine), the judge and the trainer."""
     cfg = build_config(
         config_path,
@@ -58,6 +61,7 @@ def start(config_path, data_dir, upstream, host, port, model, engine_kind, engin
             "engine.model": model,
             "engine.kind": engine_kind,
             "engine.port": engine_port,
+            "engine.quantization": quantization,
             "judge.enabled": False if no_judge else None,
             "trainer.enabled": False if no_train else None,
         },
