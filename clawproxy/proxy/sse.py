@@ -79,17 +79,6 @@ def strip_obj(obj: Any, added: Added) -> bool:
     return changed
 
 
-def strip_body(body: bytes, added: Added) -> bytes:
-    """A non-streamed JSON response with our added fields removed (unchanged bytes otherwise)."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    if not strip_obj(obj, added):
-        return body
-    return orjson.dumps(obj)
-
-
 # The first generated token (text, reasoning or a tool call): TTFT starts there, not at the
 # role-only first chunk that vLLM and our engine send before prefill.
 _GENERATED = re.compile(rb'"(?:content|reasoning_content|reasoning)":\s*"(?!")|"tool_calls":\s*\[')
