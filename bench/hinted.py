@@ -12,6 +12,13 @@ transition and the next question): ``quoted`` (the CPU voters' quote, ``judge/hi
 instruction). ``quote_bare`` and ``quote_framed`` pass the same quote in other framings, to choose
 the judge's.
 
+The memory conditions give the teacher more than one reply, as ``judge.hints`` can from the user's
+memory: the persona's reaction to this answer and to the answers before it (``--reactions`` of
+them): ``memory`` quotes them together, ``examples`` shows two reacted-to answers with their
+replies, ``chosen`` is the instruction of the generic bank (``judge/data/instructions.txt``) the
+reactions point to (nearest by embedding, then, with ``--engine-url``, likeliest given them; the
+quote when none fits) and ``chosen_quote`` that instruction followed by the quote.
+
     .venv/bin/python bench/hinted.py                        # every persona, 8 train prompts
     .venv/bin/python bench/hinted.py --persona bullets --prompts 16
 
@@ -40,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-url", default=None,
                    help="Answer through this OpenAI-compatible engine (e.g. the vLLM serving --model) "
                         "instead of in-process transformers; greedy either way.")
+    p.add_argument("--reactions", type=int, default=3,
+                   help="Replies the memory conditions see: this answer's and the ones before it.")
+    p.add_argument("--no-llm-choice", action="store_true",
+                   help="Choose the instruction by the embedding shortlist alone, even with --engine-url.")
+    p.add_argument("--only", action="append", default=None,
+                   help="Run only these conditions (repeatable; untold always runs).")
     p.add_argument("--out", default=None, help="Write the results (answers included) as JSON here.")
     return p.parse_args(argv)
 
@@ -91,7 +104,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     from clawproxy.simulate.prompts import TRAIN_PROMPTS
     from judge.extract import JudgeInput
-    from judge.hints import corrective_part, feedback_hint
+    from judge.hints import (
+        InstructionChooser,
+        corrective_part,
+        examples_hint,
+        feedback_hint,
+        memory_hint,
+    )
 
     args = parse_args(argv)
     personas = args.persona or list(PREFERENCES)
@@ -101,12 +120,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = list(TRAIN_PROMPTS[: args.prompts])
     cut: dict[str, bool] = {}  # answer text -> the token limit cut it off
 
+    wanted = set(args.only or [])
+
+    def runs(cond: str) -> bool:
+        return not wanted or cond in wanted
+
     writer = None
+    chooser = InstructionChooser()  # the embedding shortlist alone, unless an engine scores it
     if args.engine_url:
         from judge.voters import HintWriter, LLMVoter
 
         model_name = args.model if args.model != "default" else None
-        writer = HintWriter(LLMVoter(args.engine_url, model_name, temperature=0.0, max_tokens=60))
+        llm = LLMVoter(args.engine_url, model_name, temperature=0.0, max_tokens=60)
+        writer = HintWriter(llm)
+        if not args.no_llm_choice:
+            chooser = InstructionChooser(llm.continuation_logprobs)
 
         def answer(texts: list[str]) -> list[str]:
             comps = asyncio.run(_answer_via(args.engine_url, texts, model_name, args.max_tokens))
@@ -130,14 +158,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         pref = PREFERENCES[name]
         fields = [complaint_fields(a) for a in plain]
         complaints = load_feedback().for_persona(name).complaints
-        conditions = {
-            "untold": plain,
-            "told": answer([hinted_prompt(p, pref.hint) for p in prompts]),
-            "complained": answer([
+        conditions = {"untold": plain}
+        if runs("told"):
+            conditions["told"] = answer([hinted_prompt(p, pref.hint) for p in prompts])
+        if runs("complained"):
+            conditions["complained"] = answer([
                 hinted_prompt(p, complaints[i % len(complaints)].format(**fields[i]))
                 for i, p in enumerate(prompts)
-            ]),
-        }
+            ])
         # what the judge sees after a missed answer: the persona's message, next question included
         persona = ScriptedPersona(pref, seed=0)
         seen = [JudgeInput(request=p, response=a, role="user",
@@ -149,8 +177,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for cond, frame in FRAMINGS.items():
             judge_hints[cond] = [frame.format(said=corrective_part(x.next_state, x.request)) if q else None
                                  for x, q in zip(seen, quoted, strict=True)]
-        if writer is not None:
+        if writer is not None and runs("written"):
             judge_hints["written"] = [writer.write(x) or feedback_hint(x) for x in seen]
+        # the memory: this answer's reply and the replies to the answers before it, newest first
+        said = [corrective_part(x.next_state, x.request) for x in seen]
+        k = args.reactions
+        before = [[(i - j) % len(prompts) for j in range(k)] for i in range(len(prompts))]
+        judge_hints["memory"] = [memory_hint([said[j] for j in js]) for js in before]
+        judge_hints["examples"] = [examples_hint([(plain[j], said[j]) for j in js[:2]]) for js in before]
+        if runs("chosen") or runs("chosen_quote"):
+            chosen = [chooser.choose([said[j] for j in js]) for js in before]
+            judge_hints["chosen"] = [c or q for c, q in zip(chosen, quoted, strict=True)]
+            judge_hints["chosen_quote"] = [f"{c} {q}" if c and q else c or q
+                                           for c, q in zip(chosen, quoted, strict=True)]
+        judge_hints = {c: h for c, h in judge_hints.items() if runs(c)}
         for cond, hints in judge_hints.items():
             conditions[cond] = answer([hinted_prompt(p, h) if h else p for p, h in zip(prompts, hints, strict=True)])
             hint_log[(name, cond)] = hints

@@ -47,7 +47,8 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
         store = Store(cfg.db_path)
         the_voter = build_voter(cfg)
         worker = Worker(store, the_voter, votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
-                        hint_writer=build_hint_writer(cfg), min_confidence=min_confidence(cfg, the_voter))
+                        hint_writer=build_hint_writer(cfg), min_confidence=min_confidence(cfg, the_voter),
+                        memory_size=cfg.judge.memory_reactions)
         total = None if follow else store.judge_backlog()["pending"]
         if limit is not None and total is not None:
             total = min(total, limit)

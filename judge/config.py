@@ -9,7 +9,7 @@ from clawproxy.fields import STRICT, setting
 
 Voter = Literal["embedding", "llm", "lexical"]
 VOTERS = get_args(Voter)
-HintSource = Literal["quote", "llm"]
+HintSource = Literal["quote", "llm", "memory", "choose"]
 
 
 @dataclass
@@ -41,10 +41,14 @@ class JudgeConfig:
     )
     hints: HintSource = setting(
         "quote",
-        "OPD hints of -1 turns: 'quote' (the user's corrective words, or the LLM voter's own hint) or "
-        "'llm' (the LLM voter's endpoint and model rewrite the user's reaction as one instruction; the voter "
-        "still decides the score).",
+        "OPD hints of -1 turns: 'quote' (the user's corrective words, or the LLM voter's own hint); "
+        "'llm' (the LLM voter's endpoint and model rewrite the reaction as one instruction); 'memory' "
+        "(this reply and the user's earlier complaints, quoted together); 'choose' (the instruction in "
+        "judge/data/instructions.txt those replies make likeliest, scored by the LLM voter's endpoint). "
+        "The voter still decides the score.",
     )
+    memory_reactions: int = setting(
+        3, "Replies a 'memory' or 'choose' hint reads: this one and the user's earlier complaints.", ge=1)
     temperature: float = setting(0.7, "Sampling temperature of the LLM voter.", ge=0.0, le=2.0)
     llm_max_tokens: int = setting(
         200, "Token budget of one LLM vote (at least 8: the answer needs a Score line).", ge=8

@@ -10,6 +10,9 @@ it. A bare "useless" or "👎" says nothing about what to do instead, so it yiel
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from judge.extract import JudgeInput
 from judge.lexical import Cues, cues, overlap
@@ -142,3 +145,105 @@ def parse_written(raw: str) -> str | None:
     if len(line) > MAX_WRITTEN:
         line = line[: MAX_WRITTEN - 1].rstrip() + "…"
     return line
+
+
+# -- hints from the user's memory: more than one reply ---------------------------------------------
+
+MEMORY_FRAME = "Earlier answers to this user got these replies: {said}. Answer the way those replies ask."
+EXAMPLE_FRAME = "An earlier answer to this user was:\n\"\"\"{answer}\"\"\"\nThey replied: '{said}'."
+EXAMPLES_CLOSE = "Answer the way their replies ask, unlike those answers."
+MAX_EXAMPLE = 600
+
+
+def memory_hint(reactions: list[str]) -> str | None:
+    """The user's reactions to earlier answers, newest first, quoted together: one reply rarely says
+    what the user wants ("too dense" could mean shorter or structured); several do."""
+    said = [_quote(r) for r in reactions if r.strip()]
+    if not said:
+        return None
+    return MEMORY_FRAME.format(said="; ".join(f"'{s}'" for s in said))
+
+
+def examples_hint(examples: list[tuple[str, str]]) -> str | None:
+    """(answer, reaction) pairs shown as examples: a small model copies an example better than it
+    reads a critique."""
+    parts = [EXAMPLE_FRAME.format(answer=_clip(" ".join(a.split()), MAX_EXAMPLE), said=_quote(r))
+             for a, r in examples if a.strip() and r.strip()]
+    return "\n".join([*parts, EXAMPLES_CLOSE]) if parts else None
+
+
+INSTRUCTIONS_PATH = Path(__file__).resolve().parent / "data" / "instructions.txt"
+CHOOSER_PROMPT = ("A user of an AI assistant replied to its earlier answers:\n{said}\n"
+                  "The one instruction that would have made those answers right for this user:")
+CHOOSER_PRIOR = "A user of an AI assistant gave it one instruction:"  # the same candidates, no reactions
+
+
+def load_instructions(path: Path = INSTRUCTIONS_PATH) -> list[str]:
+    """The candidate instructions: one a line, '#' lines are comments."""
+    lines = [x.strip() for x in path.read_text().splitlines()]
+    return [x for x in lines if x and not x.startswith("#")]
+
+
+class InstructionChooser:
+    """Picks the instruction the user's reactions point to, from a generic bank of hundreds
+    (``judge/data/instructions.txt``), instead of asking a small model to write one.
+
+    First a shortlist: the ``shortlist`` instructions whose sentence embedding is nearest the
+    reactions' (milliseconds on a CPU). Then, given ``logprobs(prefix, texts)`` (an LLM's,
+    ``LLMVoter.continuation_logprobs``), each is scored by log p(instruction | the reactions) -
+    log p(instruction | no reactions): pointwise mutual information, so an instruction likely
+    anywhere does not win by that alone; the winner needs ``min_gain``. Without an LLM the nearest
+    instruction wins if its cosine reaches ``min_similarity``. None: nothing fits (keep the quote).
+    """
+
+    def __init__(self, logprobs: Callable[[str, list[str]], list[float]] | None = None,
+                 instructions: list[str] | None = None, *, embed: Callable[[list[str]], Any] | None = None,
+                 shortlist: int = 16, min_gain: float = 1.0, min_similarity: float = 0.35) -> None:
+        self.logprobs = logprobs
+        self.instructions = instructions if instructions is not None else load_instructions()
+        self.embed = embed
+        self.shortlist = shortlist
+        self.min_gain = min_gain
+        self.min_similarity = min_similarity
+        self._bank: Any = None  # the instructions' embeddings, computed once
+        self._prior: dict[str, float] = {}  # log p(instruction | no reactions), the same for every user
+
+    def nearest(self, reactions: list[str]) -> list[tuple[float, str]]:
+        """The shortlist: (cosine to the reactions' mean embedding, instruction), nearest first."""
+        import numpy as np
+
+        if self.embed is None:
+            from judge.embedding import embed as encoder
+
+            self.embed = encoder
+        embed = self.embed
+        if self._bank is None:
+            self._bank = embed(self.instructions)
+        query = embed(reactions).mean(axis=0)
+        query = query / (np.linalg.norm(query) or 1.0)
+        sims = self._bank @ query
+        top = np.argsort(-sims)[: self.shortlist]
+        return [(float(sims[i]), self.instructions[i]) for i in top]
+
+    def ranked(self, reactions: list[str]) -> list[tuple[float, str]]:
+        """The shortlist with its scores (PMI with an LLM, else the cosine), best first."""
+        reactions = [r for r in reactions if r.strip()]
+        if not reactions:
+            return []
+        near = self.nearest(reactions)
+        if self.logprobs is None:
+            return near
+        cands = [x for _, x in near]
+        todo = [x for x in cands if x not in self._prior]
+        if todo:
+            self._prior.update(zip(todo, self.logprobs(CHOOSER_PRIOR, [" " + x for x in todo]), strict=True))
+        said = "\n".join(f"- {_quote(r)}" for r in reactions)
+        given = self.logprobs(CHOOSER_PROMPT.format(said=said), [" " + x for x in cands])
+        return sorted(((g - self._prior[x], x) for g, x in zip(given, cands, strict=True)), key=lambda t: -t[0])
+
+    def choose(self, reactions: list[str]) -> str | None:
+        ranked = self.ranked(reactions)
+        floor = self.min_similarity if self.logprobs is None else self.min_gain
+        if not ranked or ranked[0][0] < floor:
+            return None
+        return ranked[0][1]

@@ -19,6 +19,7 @@ later reaction belongs to the next turn). Rules do not improve with sampling, so
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -28,7 +29,14 @@ from typing import Any, Protocol
 from clawproxy.errors import UpstreamError
 from clawproxy.httpjson import request_json, strip_v1
 from judge.extract import JudgeInput
-from judge.hints import feedback_hint, parse_written, writer_prompt
+from judge.hints import (
+    InstructionChooser,
+    corrective_part,
+    feedback_hint,
+    memory_hint,
+    parse_written,
+    writer_prompt,
+)
 from judge.lexical import cues, lexical_score, tool_failed
 
 
@@ -283,6 +291,25 @@ class LLMVoter:
         out = self._request("POST", "/v1/chat/completions", body)
         return [str(c["message"].get("content") or "") for c in out["choices"]]
 
+    def continuation_logprobs(self, prefix: str, continuations: Sequence[str], chunk: int = 64) -> list[float]:
+        """log p(continuation | prefix) under the model, summed over the continuation's tokens, for
+        each continuation: one prefill per text (``echo`` with ``max_tokens: 0``; the engine's prefix
+        cache reads the shared prefix once)."""
+        out: list[float] = []
+        for i in range(0, len(continuations), chunk):
+            part = list(continuations[i:i + chunk])
+            body = {"model": self._model_name(), "prompt": [prefix + c for c in part], "max_tokens": 0,
+                    "echo": True, "logprobs": 0, "temperature": 0.0}
+            try:
+                got = self._request("POST", "/v1/completions", body)["choices"]
+            except UpstreamError as e:
+                raise VoterUnavailable(f"{self.base_url}: {e.message}") from e
+            for choice in sorted(got, key=lambda c: c["index"]):
+                lp = choice["logprobs"]
+                out.append(math.fsum(x for x, at in zip(lp["token_logprobs"], lp["text_offset"], strict=True)
+                                     if at >= len(prefix) and x is not None))
+        return out
+
     def vote(self, inp: JudgeInput, idx: int) -> Vote:
         """One sampled verdict (see ``votes``)."""
         return self.votes(inp, 1)[0]
@@ -364,19 +391,50 @@ class HintWriter:
     question; the instruction names what to change. Greedy, so one turn always gets the same hint.
     """
 
+    reads_memory = False
+
     def __init__(self, llm: LLMVoter) -> None:
         self.llm = llm
 
-    def write(self, inp: JudgeInput) -> str | None:
+    def write(self, inp: JudgeInput, memory: Sequence[str] = ()) -> str | None:
         """The instruction, or None when the writer finds nothing to change (keep the quote then)."""
         if inp.role != "user" or not inp.next_state.strip():
             return None
         return parse_written(self.llm.complete(writer_prompt(inp))[0])
 
 
-def build_hint_writer(cfg: Any) -> HintWriter | None:
+class MemoryHints:
+    """The hint from this reply and the user's earlier complaints (``judge.hints: memory`` quotes
+    them together; ``choose`` picks the instruction they make likeliest, ``InstructionChooser``)."""
+
+    reads_memory = True
+
+    def __init__(self, chooser: InstructionChooser | None = None, with_quote: bool = False) -> None:
+        self.chooser = chooser
+        self.with_quote = with_quote
+
+    def write(self, inp: JudgeInput, memory: Sequence[str] = ()) -> str | None:
+        """``memory``: the user's earlier complaints, newest first. None keeps the voters' hint."""
+        if inp.role != "user" or not inp.next_state.strip():
+            return None
+        reactions = [corrective_part(inp.next_state, inp.request), *memory]
+        if self.chooser is None:
+            return memory_hint(reactions)
+        chosen = self.chooser.choose(reactions)
+        if chosen is None or not self.with_quote:
+            return chosen
+        quote = feedback_hint(inp)
+        return f"{chosen} {quote}" if quote else chosen
+
+
+def build_hint_writer(cfg: Any) -> HintWriter | MemoryHints | None:
     """The hint writer ``cfg.judge.hints`` asks for, or None for quoted hints."""
-    if cfg.judge.hints != "llm":
+    if cfg.judge.hints == "memory":
+        return MemoryHints()
+    if cfg.judge.hints not in ("llm", "choose"):
         return None
     url, model = _llm_endpoint(cfg)
+    if cfg.judge.hints == "choose":
+        llm = LLMVoter(url, model, temperature=0.0, timeout_s=cfg.judge.llm_timeout_s)
+        return MemoryHints(InstructionChooser(llm.continuation_logprobs))
     return HintWriter(LLMVoter(url, model, temperature=0.0, max_tokens=60, timeout_s=cfg.judge.llm_timeout_s))

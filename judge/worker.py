@@ -29,7 +29,7 @@ from typing import Any
 from clawproxy.store import Store
 from judge.extract import JudgeInput, from_turn
 from judge.hints import corrective_part
-from judge.voters import HintWriter, Vote, Voter, cast, combine, final_hint
+from judge.voters import HintWriter, MemoryHints, Vote, Voter, cast, combine, final_hint
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ class Worker:
     batch_size: int = 16
     max_attempts: int = 3
     backoff_s: float = 2.0
-    hint_writer: HintWriter | None = None
+    hint_writer: HintWriter | MemoryHints | None = None
+    memory_size: int = 3  # replies a memory hint reads: this one and the user's earlier complaints
     min_confidence: float = 0.0  # a ±1 majority less sure than this scores 0 (judge.voters.combine)
     judged: int = 0
     _retry: dict[int, _Retry] = field(default_factory=dict)
@@ -71,7 +72,11 @@ class Worker:
         if self.hint_writer is None or combine(votes, self.min_confidence).score != -1:
             return None
         try:
-            return self.hint_writer.write(from_turn(turn))
+            memory: list[str] = []
+            if self.hint_writer.reads_memory and self.memory_size > 1:
+                memory = [r["text"] for r in self.store.reactions_of(
+                    turn.get("user"), limit=self.memory_size - 1, score=-1, before_turn=int(turn["id"]))]
+            return self.hint_writer.write(from_turn(turn), memory)
         except Exception as e:
             log.warning("judge: hint writer failed on turn %s, keeping the voters' hint: %s: %s",
                         turn["id"], type(e).__name__, e)
