@@ -21,7 +21,8 @@ def test_conditions_per_persona(tmp_path, tiny_model_dir):
     rows = bench_module("hinted").main(["--persona", "concise", "--persona", "bullets", "--prompts", "2",
                                         "--max-tokens", "4", "--model", str(tiny_model_dir), "--out", str(out)])
     assert [(r["persona"], r["condition"]) for r in rows] == [
-        (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained", "quoted", "quote_bare", "quote_framed")]
+        (p, c) for p in ("concise", "bullets") for c in ("untold", "told", "complained", "quoted", "quote_bare",
+                                                         "quote_framed", "memory", "examples", "chosen", "chosen_quote")]
     for r in rows:
         assert list(r["answers"]) == list(TRAIN_PROMPTS[:2])
         met = [PREFERENCES[r["persona"]].check(a) for a in r["answers"].values()]
@@ -39,3 +40,6 @@ def test_conditions_per_persona(tmp_path, tiny_model_dir):
         for b, q, f in zip(bare, hints[(p, "quoted")], hints[(p, "quote_framed")], strict=True):
             if b is not None:
                 assert b != q != f and b in q and b in f
+        # the memory conditions read this reply and the one before it (two prompts, --reactions 3)
+        for memory, quote in zip(hints[(p, "memory")], bare, strict=True):
+            assert memory is None or quote is None or quote in memory
