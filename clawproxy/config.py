@@ -203,6 +203,13 @@ class EngineConfig:
     kv_cache_gb: int = setting(
         4, "vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE).", ge=1
     )
+    step_tokens: int = setting(
+        512,
+        "vLLM on CPU: tokens one model step may take (--max-num-batched-tokens); a longer prompt is "
+        "prefilled in chunks of this size, so no step outlasts vLLM's step timeout on a slow CPU "
+        "(a CPU without native bfloat16 prefills a few tokens a second) and decoding requests are "
+        "not held up behind a whole long prompt.", ge=16,
+    )
     gpu_memory_utilization: float = setting(
         0.85, "vLLM on a GPU: the share of GPU memory vLLM may take (the trainer needs the rest).",
         gt=0, le=1,

@@ -74,6 +74,8 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
             argv += ["--tool-parser-plugin", str(plugin)]
     if engine.rope_scaling:
         argv += ["--hf-overrides", json.dumps({"rope_scaling": engine.rope_scaling})]
+    if engine.device == "cpu":  # chunked prefill: no step longer than step_tokens (engine.vllm_args may override)
+        argv += ["--max-num-batched-tokens", str(max(engine.step_tokens, engine.max_batch_size))]
     argv += list(engine.vllm_args)
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
            "TOKENIZERS_PARALLELISM": "false",
@@ -81,6 +83,9 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
     if engine.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.kv_cache_gb)
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(engine.threads)
+        # a CPU step can take minutes; past vLLM's 300 s default the engine kills itself mid-prefill
+        env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = "3600"
+
     else:
         argv += ["--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
         if ":" in engine.device:

@@ -33,6 +33,14 @@ def test_the_default_stack_serves_the_1_5b_in_bf16_with_lora_and_our_tool_parser
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert env["PYTHONUNBUFFERED"] == "1"  # vLLM's log lines reach engine.log when logged, not at exit
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"  # default.yaml
+    # a long prompt is prefilled in chunks, and a slow step does not make vLLM stop its engine
+    assert _flag(argv, "--max-num-batched-tokens") == "512" and env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "3600"
+
+
+def test_engine_vllm_args_override_the_step_bound():
+    _, argv, _ = _cmd(**{"engine.vllm_args": ["--max-num-batched-tokens", "2048"]})
+    flags = [i for i, a in enumerate(argv) if a == "--max-num-batched-tokens"]
+    assert argv[flags[-1] + 1] == "2048"  # argparse keeps the last
 
 
 def test_small_models_serve_in_float32_and_train_in_full():
