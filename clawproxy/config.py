@@ -44,7 +44,8 @@ class ProxyConfig:
         10.0, "Seconds to wait for the upstream to accept a connection.", gt=0
     )
     read_timeout_s: float = setting(
-        300.0, "Seconds of upstream silence (no byte) before the request fails with 504.", gt=0
+        1800.0, "Seconds of upstream silence (no byte) before the request fails with 504 (a CPU "
+        "without bfloat16 instructions takes minutes to a long prompt's first token).", gt=0
     )
     record_tokens: bool = setting(
         True,
