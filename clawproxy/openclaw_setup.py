@@ -175,7 +175,8 @@ def provider_block(base_url: str, model_id: str, api_key: str, p: Plan,
                     "baseUrl": base_url,
                     "apiKey": api_key,
                     "api": "openai-completions",
-                    "timeoutSeconds": 600,
+                    # the proxy's own read timeout: on a CPU the first token of a long prompt takes minutes
+                    "timeoutSeconds": 1800,
                     "models": [{
                         "id": model_id,
                         "name": f"{model_id} via clawproxy",

@@ -48,6 +48,10 @@ def test_openclaw_config_reads_the_served_context(vllm_url):
     block = _block(r.stdout)
     prov = block["models"]["providers"]["clawproxy"]
     assert prov["baseUrl"] == "http://127.0.0.1:9123/v1" and prov["api"] == "openai-completions"
+    # OpenClaw waits as long as the proxy does: a CPU's first token on a long prompt takes minutes
+    from clawproxy.config import ProxyConfig
+
+    assert prov["timeoutSeconds"] >= ProxyConfig().read_timeout_s
     model = prov["models"][0]
     assert model["id"] == "Qwen/Qwen3-4B" and model["contextWindow"] == 4096
     assert model["compat"] == {"sendSessionAffinityHeaders": True, "supportsTools": False}
