@@ -110,7 +110,11 @@ class Worker:
             self._retry[tid] = _Retry(attempt, time.monotonic() + delay)
             return None
         self._retry.pop(tid, None)
-        score = self.write(tid, votes, self.written_hint(turn, votes), from_turn(turn))
+        try:
+            inp: JudgeInput | None = from_turn(turn)
+        except Exception:  # a turn that cannot be read is judged by its failed votes, with no memory
+            inp = None
+        score = self.write(tid, votes, self.written_hint(turn, votes), inp)
         if score is not None:
             self.judged += 1
         return score

@@ -75,3 +75,14 @@ def test_the_embedding_voter_abstains_below_its_validated_threshold(embedding_vo
     # the threshold only ever turns a ±1 into a 0
     assert all(p in (0, m) for p, m in zip(report.pred, report.majority, strict=True))
     assert loose["scored"] > sum(p != 0 for p in report.pred)
+
+
+def test_a_turn_that_cannot_be_read_is_judged_by_its_failed_votes_and_the_worker_goes_on(store):
+    broken = add_turn(store, "s", request="hi", response="hello", next_user="thanks")
+    store.update("turns", "id", broken, {"next_state": 5})  # not a list of messages: from_turn raises
+    fine = add_turn(store, "s", request="capital of Peru?", response="Lima.", next_user="perfect, thanks!")
+    worker = Worker(store, LexicalVoter(), votes=3, max_attempts=1)
+    assert worker.run(False, 0.01, threading.Event()) == 2
+    rows = {r["turn_id"]: r for r in store.query("SELECT * FROM judgments")}
+    assert rows[broken]["score"] == 0 and rows[fine]["score"] == 1
+    assert [r["turn_id"] for r in store.reactions_of(None)] == [fine]
