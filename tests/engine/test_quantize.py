@@ -183,7 +183,11 @@ def w4_server(small_model, tmp_path_factory):
                        "tool_call_parser": None},
             "trainer": {"finetune": "lora", "lora_r": 8}}))
         log = root / "vllm.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CLAWPROXY_MODEL_CACHE": str(root / "cache")}
+        # vLLM's INFO lines on, whatever the caller's environment says: the test reads the plugin's line
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CLAWPROXY_MODEL_CACHE": str(root / "cache"),
+               "VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+        for name in ("VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_PREFIX"):
+            env.pop(name, None)
         proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--config", str(config)],
                                 stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"
