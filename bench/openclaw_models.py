@@ -52,7 +52,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
 
 
-def run_pair(model: str, profile: str, engine: str, openclaw) -> dict:
+def run_pair(model: str, profile: str, engine: str, openclaw, quantization: str = "none") -> dict:
     from click.testing import CliRunner
 
     from clawproxy.cli import main as cli
@@ -62,12 +62,12 @@ def run_pair(model: str, profile: str, engine: str, openclaw) -> dict:
     port, engine_port = reserve_port(), reserve_port()
     start = [sys.executable, "-m", "clawproxy.cli", "start", "--no-train", "--no-judge", "--port", str(port),
              "--engine-port", str(engine_port), "--data-dir", str(tmp / "data"), "--model", model,
-             "--engine", engine]
+             "--engine", engine, "--quantization", quantization]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
     proc = subprocess.Popen(start, stdout=open(tmp / "clawproxy.log", "w"), stderr=subprocess.STDOUT,
                             env=env, cwd=ROOT)
-    row: dict = {"model": model, "profile": profile, "engine": engine}
+    row: dict = {"model": model, "profile": profile, "engine": engine, "quantization": quantization}
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, 1200)
         row["ready_s"] = round(time.monotonic() - t0, 1)
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", nargs="+", default=["qwen2.5-coder-1.5b:lean"], help="MODEL:PROFILE ...")
     ap.add_argument("--engine", default="vllm", choices=["vllm", "embedded"])
+    ap.add_argument("--quantization", default="none", choices=["none", "w4a16"], help="clawproxy start --quantization")
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
     args = ap.parse_args(argv)
     from tests.openclaw_client import ensure_openclaw
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for pair in args.pairs:
         model, _, profile = pair.partition(":")
-        row = run_pair(model, profile or "lean", args.engine, openclaw)
+        row = run_pair(model, profile or "lean", args.engine, openclaw, args.quantization)
         print(json.dumps(row), flush=True)
         rows.append(row)
         if args.out:

@@ -2,12 +2,15 @@
 
 Starts `clawproxy start --no-train` (the default engine and model) on loopback, writes
 OpenClaw's config with `clawproxy openclaw-config --write` (the profile it picks for the model),
-sends one conversation of N messages through the real client (`openclaw agent --local`, one
-session), and prints per recorded turn: kind, prompt tokens (and how many of them the engine's
-prefix cache held, from usage.prompt_tokens_details), TTFT and total time as the proxy
-measured them, completion tokens and decode tok/s, with the load average beside them.
+sends one conversation of N messages through the real client (`openclaw agent --local`), then
+the first message again in each further session (`--sessions`), and prints per recorded turn:
+session, kind, prompt tokens (and how many of them the engine's prefix cache held, from
+usage.prompt_tokens_details), TTFT and total time as the proxy measured them, completion tokens
+and decode tok/s, with the load average beside them. Where a later session's turn 1 prompt
+differs from the first session's, it prints where and the differing text: what in OpenClaw's
+prompt defeats the prefix cache.
 
-    .venv/bin/python bench/openclaw_ttft.py [--messages 2] [--profile lean] [--max-tokens 512]
+    .venv/bin/python bench/openclaw_ttft.py [--messages 2] [--sessions 2] [--profile lean] [--max-tokens 512]
 """
 
 from __future__ import annotations
@@ -43,12 +46,33 @@ def wait_http(url: str, timeout: float) -> None:
     raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
 
 
+def _diff_sessions(prompts: list[list[int]], model: str | None) -> None:
+    """Print where each later session's first prompt leaves the first session's, and the text there."""
+    if len(prompts) < 2:
+        return
+    from transformers import AutoTokenizer
+
+    from clawproxy.config import load_config
+    from clawproxy.engine.model import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(model or load_config(None).engine.model)))
+    for k, other in enumerate(prompts[1:], start=2):
+        at = next((i for i, (a, b) in enumerate(zip(prompts[0], other, strict=False)) if a != b), min(len(prompts[0]), len(other)))
+        if at == len(prompts[0]) == len(other):
+            print(f"session {k}: turn 1 prompt identical to session 1's ({at} tokens)")
+            continue
+        print(f"session {k}: turn 1 prompt leaves session 1's at token {at} of {len(prompts[0])}: "
+              f"{tok.decode(prompts[0][at:at + 24])!r} -> {tok.decode(other[at:at + 24])!r}")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=2, help="messages in the conversation (1-3)")
     ap.add_argument("--profile", default=None, help="openclaw-config --profile (default: its choice)")
     ap.add_argument("--max-tokens", type=int, default=None, help="openclaw-config --max-tokens")
     ap.add_argument("--model", default=None, help="clawproxy start --model (default: the configured one)")
+    ap.add_argument("--sessions", type=int, default=1, help="sessions; each later one sends the first message")
+    ap.add_argument("--quantization", default=None, help="clawproxy start --quantization")
     args = ap.parse_args(argv)
 
     from click.testing import CliRunner
@@ -65,6 +89,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                  "--engine-port", str(engine_port), "--data-dir", str(tmp / "data")]
         if args.model:
             start += ["--model", args.model]
+        if args.quantization:
+            start += ["--quantization", args.quantization]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen(start, stdout=open(tmp / "clawproxy.log", "w"), stderr=subprocess.STDOUT,
                                 env=env, cwd=ROOT)
@@ -78,25 +104,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if r.exit_code:
             raise SystemExit(r.output)
         print(r.output.splitlines()[0] if r.output else "", flush=True)
-        for msg in MESSAGES[: args.messages]:
+        plan = [(1, m) for m in MESSAGES[: args.messages]] + [(k, MESSAGES[0]) for k in range(2, args.sessions + 1)]
+        sent_at = []  # wall clock of each send: a turn belongs to the last send before it
+        for session, msg in plan:
+            sent_at.append(time.time())
             t0 = time.monotonic()
-            openclaw.run(["agent", "--local", "--session-id", "ttft-1", "--json", "-m", msg],
+            openclaw.run(["agent", "--local", "--session-id", f"ttft-{session}", "--json", "-m", msg],
                          tmp / "home", cfg_path)
-            print(f"  sent {msg!r}: the client returned after {time.monotonic() - t0:.1f} s", flush=True)
+            print(f"  session {session}: sent {msg!r}: the client returned after {time.monotonic() - t0:.1f} s",
+                  flush=True)
         time.sleep(2)  # the recorder's last batch commits
         store = Store.reader(tmp / "data" / "clawproxy.db")
-        rows = []
-        for t in store.turns_page(None, 0, 100):
+        rows, firsts = [], {}
+        for t in sorted(store.turns_page(None, 0, 100), key=lambda t: t["id"]):
+            step = sum(at <= t["created_at"] for at in sent_at) - 1
+            session, msg = plan[max(step, 0)]
+            if t["kind"] == "main" and msg == MESSAGES[0] and session not in firsts:
+                firsts[session] = t["prompt_token_ids"] or []
             n = len(t["completion_token_ids"] or [])
             decode_s = ((t["total_ms"] or 0) - (t["ttft_ms"] or 0)) / 1000
             usage = t["usage"] if isinstance(t["usage"], dict) else json.loads(t["usage"] or "{}")
-            rows.append({"turn": t["id"], "kind": t["kind"], "prompt_tokens": len(t["prompt_token_ids"] or []),
+            rows.append({"turn": t["id"], "session": session, "message": MESSAGES.index(msg) + 1, "kind": t["kind"], "prompt_tokens": len(t["prompt_token_ids"] or []),
                          "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                          "ttft_s": round((t["ttft_ms"] or 0) / 1000, 2),
                          "total_s": round((t["total_ms"] or 0) / 1000, 2), "completion_tokens": n,
                          "decode_tok_s": round((n - 1) / decode_s, 2) if n > 1 and decode_s > 0 else None,
                          "finish_reason": t["finish_reason"]})
         store.close()
+        _diff_sessions(list(firsts.values()), args.model)
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
