@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options
+from clawproxy.engine.spec import KINDS
 from clawproxy.errors import ClawproxyError
 from clawproxy.models_cli import models
 from clawproxy.openclaw_cli import openclaw_config
@@ -41,7 +42,7 @@ def main() -> None:
 @click.option("--host", default=None, help="Proxy bind address (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Proxy port (default 8080).")
 @click.option("--model", default=None, help="Model to serve: a name from `clawproxy models`, HF id, local dir or .gguf.")
-@click.option("--engine", "engine_kind", type=click.Choice(["vllm", "embedded"]), default=None,
+@click.option("--engine", "engine_kind", type=click.Choice(KINDS), default=None,
               help="The engine to start: vllm (default) or embedded (transformers; where vLLM does not install).")
 @click.option("--engine-port", type=int, default=None, help="Engine port (default 8081).")
 @click.option("--quantization", type=click.Choice(["none", "w4a16"]), default=None,

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
+from clawproxy.engine.spec import EngineSpec, engine_spec
 from clawproxy.errors import ConfigError
 from clawproxy.fields import STRICT, setting
 from clawproxy.httpjson import strip_v1
@@ -263,6 +264,11 @@ class EngineConfig:
                               f"CPUs; set engine.threads to at most {usable} (or leave it unset).")
 
     @property
+    def spec(self) -> EngineSpec:
+        """What this engine can do (``clawproxy/engine/spec.py``): callers ask it, not ``kind``."""
+        return engine_spec(self.kind)
+
+    @property
     def served_name(self) -> str:
         """The model id the engine serves (and OpenClaw names): served_model_name, else the
         catalog name, the default model's name or a path's last part; a Hugging Face id as is."""
@@ -335,7 +341,7 @@ class Config:
         if self.trainer.finetune == "auto":
             self.trainer.finetune = named.finetune if named else "full"
         if self.engine.quantization != "none":
-            if self.engine.kind != "vllm":
+            if not self.engine.spec.serves_quantized:
                 raise ConfigError(f"engine.quantization={self.engine.quantization} needs engine.kind: vllm "
                                   "(the embedded engine serves unquantized weights); set engine.quantization: none.")
             if self.trainer.finetune != "lora":

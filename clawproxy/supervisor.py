@@ -221,9 +221,9 @@ def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Ch
 def check_attached_vllm(cfg: Config) -> None:
     """Fail at startup, in one line, when the attached vLLM cannot do what the trainer will ask
     (version, dev mode, runtime LoRA routes): otherwise the first publish fails, much later."""
-    client = EngineClient(cfg.proxy.upstream or "", kind="vllm", token=cfg.engine.control_token, timeout=10)
+    client = EngineClient(cfg.proxy.upstream or "", kind=cfg.engine.kind, token=cfg.engine.control_token, timeout=10)
     try:
-        client.check_vllm(lora=cfg.trainer.finetune == "lora")
+        client.check(lora=cfg.trainer.finetune == "lora")
     except EngineError as e:
         if e.status in TRANSIENT:
             raise ConfigError(f"{e.message}; start vLLM first (configs/gpu-1.yaml) and wait until "
@@ -282,7 +282,7 @@ async def _main(cfg: Config) -> None:
         os.close(fd)
         run_config = _write_run_config(cfg, Path(tmp))
 
-    if cfg.engine.kind == "vllm" and cfg.proxy.upstream is not None and cfg.trainer.enabled:
+    if cfg.engine.spec.checks_control_plane and cfg.proxy.upstream is not None and cfg.trainer.enabled:
         await asyncio.to_thread(check_attached_vllm, cfg)  # only the trainer needs vLLM's control plane
     engine, workers = build_children(cfg, run_config)
     if engine is not None:

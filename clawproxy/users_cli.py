@@ -190,12 +190,12 @@ def remove(name: str, yes: bool, config_path: str | None, data_dir: str | None) 
 
 def _unload(cfg: Config, name: str) -> bool:
     """Unload the adapter from a running vLLM, if one answers and has it."""
-    if cfg.engine.kind != "vllm":
+    if not cfg.engine.spec.adapters_by_name:
         return False
     from clawproxy.engine.client import EngineClient
 
     try:
-        EngineClient(cfg.engine_url, kind="vllm", token=cfg.engine.control_token, timeout=5.0).unload_adapter(name)
+        EngineClient(cfg.engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, timeout=5.0).unload_adapter(name)
     except ClawproxyError:  # no vLLM running, or it never loaded this adapter
         return False
     return True

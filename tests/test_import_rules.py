@@ -135,3 +135,44 @@ def test_a_planted_import_cycle_is_found(tmp_path, monkeypatch):
     (tmp_path / "clawproxy" / "b.py").write_text("def f():\n    from clawproxy.a import g\n")
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     assert import_cycles(("clawproxy",)) == [["clawproxy.a", "clawproxy.b"]]
+
+
+def _names_a_kind(node: ast.expr) -> bool:
+    from clawproxy.engine.spec import KINDS
+
+    values = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return any(isinstance(v, ast.Constant) and v.value in KINDS for v in values)
+
+
+def engine_kind_branches(folders: tuple[str, ...]) -> list[str]:
+    """Every comparison with an engine's name (``kind == "vllm"``, ``s.engine_kind in ("embedded",)``,
+    ``getattr(engine, "kind", "embedded")``) outside clawproxy/engine/: callers ask the EngineSpec."""
+    out = []
+    for folder in folders:
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            rel = p.relative_to(ROOT).as_posix()
+            if rel.startswith("clawproxy/engine/"):
+                continue
+            for node in ast.walk(ast.parse(p.read_text(), str(p))):
+                if isinstance(node, ast.Compare) and any(map(_names_a_kind, [node.left, *node.comparators])):
+                    out.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+                elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                      and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "kind"):
+                    out.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_engine_kind_branch_outside_the_engine():
+    # the embedded engine lives behind clawproxy/engine/spec.py alone (docs/architecture.md)
+    assert engine_kind_branches(("clawproxy", "judge", "trainer")) == []
+
+
+def test_an_engine_kind_branch_is_found(tmp_path, monkeypatch):
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "x.py").write_text(
+        "def f(cfg, e):\n    return cfg.engine.kind == 'vllm' or getattr(e, 'kind', None) or 'lora' == cfg.kind\n")
+    (tmp_path / "clawproxy" / "engine").mkdir(parents=True)
+    (tmp_path / "clawproxy" / "engine" / "y.py").write_text("ok = lambda kind: kind == 'embedded'\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert engine_kind_branches(("clawproxy", "trainer")) == [
+        "trainer/x.py:2: cfg.engine.kind == 'vllm'", "trainer/x.py:2: getattr(e, 'kind', None)"]

@@ -247,9 +247,10 @@ def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None
 
 
 def engine_serves(engine: Any, current: Version, owner: str | None = None) -> bool:
-    """Whether the engine serves ``current`` for ``owner``: a vLLM with a LoRA version lists the
-    owner's adapter with this path; otherwise the engine's weight version matches."""
-    if current.lora and getattr(engine, "kind", "embedded") == "vllm":
+    """Whether the engine serves ``current`` for ``owner``: an engine that serves adapters by name
+    (vLLM) lists the owner's adapter with this path for a LoRA version; otherwise the engine's
+    weight version matches."""
+    if current.lora and engine.spec.adapters_by_name:
         name = engine.lora_name if owner is None else adapter_name(owner, engine.lora_name)
         return engine.served_adapters().get(name) == str(current.path)
     return engine.weight_version() == current.version

@@ -23,16 +23,15 @@ def _engine(cfg: Any, engine_url: str | None, store: Any = None):
     from clawproxy.errors import EngineError
 
     initial = 0
-    if store is not None and cfg.engine.kind == "vllm":
+    if store is not None and not cfg.engine.spec.reports_weight_version:
         from trainer.checkpoints import current_version
 
         initial = current_version(store, cfg.engine.model).version
     client = EngineClient(engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, initial_version=initial)
-    if cfg.engine.kind == "vllm":
-        try:
-            client.check_vllm(lora=cfg.trainer.finetune == "lora")
-        except EngineError as e:
-            raise click.ClickException(e.message) from e
+    try:
+        client.check(lora=cfg.trainer.finetune == "lora")
+    except EngineError as e:
+        raise click.ClickException(e.message) from e
     return client
 
 

@@ -540,7 +540,7 @@ class Trainer:
         if not self.is_lora:
             raise ConfigError("this proxy has users, and each user trains an adapter of their own: set "
                               "trainer.finetune: lora (full fine-tuning has one set of weights for everyone).")
-        if self.engine is not None and getattr(self.engine, "kind", "embedded") != "vllm":
+        if self.engine is not None and not self.engine.spec.adapters_by_name:
             raise ConfigError("this proxy has users, whose adapters a vLLM engine serves side by side; the "
                               "embedded engine serves one adapter for everyone: use engine.kind vllm.")
 

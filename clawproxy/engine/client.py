@@ -49,6 +49,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Literal
 
+from clawproxy.engine.spec import EngineSpec, engine_spec
 from clawproxy.errors import EngineError
 from clawproxy.httpjson import request_json, strip_v1
 
@@ -109,6 +110,11 @@ class EngineClient:
         """Send one request; return the decoded JSON body (None when empty); raise EngineError."""
         return request_json(method, self.base_url + path, body, token=self.token,
                             timeout=timeout or self.timeout, query=query, error=EngineError)
+
+    @property
+    def spec(self) -> EngineSpec:
+        """What this engine can do (``clawproxy/engine/spec.py``): callers ask it, not ``kind``."""
+        return engine_spec(self.kind)
 
     # -- verbs ------------------------------------------------------------------------------
 
@@ -184,6 +190,12 @@ class EngineClient:
             raise EngineError(f"vLLM at {self.base_url} has no /v1/load_lora_adapter: start it with "
                               "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora (see configs/gpu-1.yaml)",
                               status=400)
+
+    def check(self, lora: bool) -> None:
+        """Check the engine can do what the trainer will ask: ``check_vllm`` where the spec says its
+        control plane needs checking (the embedded engine's is ours, always there)."""
+        if self.spec.checks_control_plane:
+            self.check_vllm(lora)
 
     def _route_exists(self, method: str, path: str, body: dict[str, Any] | None = None) -> bool:
         """Whether the server registered the route: read from its OpenAPI schema (FastAPI serves

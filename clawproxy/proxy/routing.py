@@ -13,8 +13,8 @@ proxy sends each chat request to the adapter that serves its user (``Store.adapt
 own (``clawproxy-u-<name>``), else the shared one (``clawproxy``) if they share, else the base
 model. When vLLM answers that the adapter does not exist (it restarted), the proxy loads it again
 under that name and retries the request once; if that fails the user gets the base model until
-the next publish. Adapter routing is active only for ``engine.kind: vllm`` with
-``trainer.finetune: lora``.
+the next publish. Adapter routing is active only for an engine that serves adapters by name
+(``EngineSpec.adapters_by_name``: vLLM) with ``trainer.finetune: lora``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ModelRouter:
         self.cfg = cfg
         self.base = cfg.engine.served_name
         self.adapter = adapter
-        self.adapters = cfg.engine.kind == "vllm" and cfg.trainer.finetune == "lora"
+        self.adapters = cfg.engine.spec.adapters_by_name and cfg.trainer.finetune == "lora"
         self.header = cfg.proxy.user_header
         self._base = Route(self.base, None, 0)
         self.routes: dict[str | None, Route] = {}  # user -> route; a user not in it: the base model
@@ -161,7 +161,7 @@ class ModelRouter:
     def _client(self) -> Any:
         from clawproxy.engine.client import EngineClient
 
-        return EngineClient(self.cfg.engine_url, kind="vllm", token=self.cfg.engine.control_token)
+        return EngineClient(self.cfg.engine_url, kind=self.cfg.engine.kind, token=self.cfg.engine.control_token)
 
     def _route(self, row: dict[str, Any] | None, name: str) -> Route:
         if row is None:

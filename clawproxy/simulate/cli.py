@@ -169,7 +169,7 @@ def _add_users(data_dir, personas, share, cfg=None):
 
     if cfg is not None:
         # the trainer refuses users otherwise (trainer/loop.py _check_users): say so before starting
-        if cfg.trainer.enabled and (cfg.trainer.finetune != "lora" or cfg.engine.kind != "vllm"):
+        if cfg.trainer.enabled and (cfg.trainer.finetune != "lora" or not cfg.engine.spec.adapters_by_name):
             raise click.UsageError(
                 f"--users: each user trains a LoRA adapter of their own, served side by side by vLLM; this "
                 f"config has trainer.finetune {cfg.trainer.finetune} and engine.kind {cfg.engine.kind}. Use "

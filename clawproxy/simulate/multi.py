@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from clawproxy.engine.spec import engine_spec
 from clawproxy.errors import ConfigError
 from clawproxy.simulate.driver import (
     Completion,
@@ -210,7 +211,7 @@ async def simulate_users(s: SimSettings, users: list[SimUser], *, max_staleness:
                 version, kind, name = await asyncio.to_thread(view.served_for, u.name, s.adapter)
                 if s.eval_url:
                     # the name the proxy routes this user to (the embedded engine serves one set of weights)
-                    model = name if s.engine_kind == "vllm" and kind == "lora" and name else s.model
+                    model = name if engine_spec(s.engine_kind).adapters_by_name and kind == "lora" and name else s.model
                     if model not in by_model:
                         by_model[model] = await ask(model, None)
                     comps = by_model[model]

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from clawproxy.engine.spec import engine_spec
 from clawproxy.simulate.driver import (
     Driver,
     DriverSettings,
@@ -58,7 +59,7 @@ class SimSettings:
     temperature: float = 0.7
     seed: int = 0
     model: str = "default"  # the model id the user's client names (the engine's served name)
-    engine_kind: str = "embedded"  # 'vllm': held-out answers name the published adapter
+    engine_kind: str = "embedded"  # engine.kind: its spec says whether held-out answers name the adapter
     adapter: str = "clawproxy"  # vLLM's name for the trainer's LoRA adapter
     oracle: bool = False
     settle: bool = True
@@ -183,7 +184,7 @@ class StoreView:
 
 
 async def served_version(http: aiohttp.ClientSession, engine_url: str | None, kind: str = "embedded") -> int | None:
-    if not engine_url or kind == "vllm":  # vLLM 0.32 cannot say; the trainer publishes after the load
+    if not engine_url or not engine_spec(kind).reports_weight_version:  # the trainer publishes after the load
         return None
     try:
         from clawproxy.engine.client import EngineClient
@@ -240,7 +241,7 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
             await settle()
             held = list(eval_pool)
             model, version = s.model, None
-            if s.engine_kind == "vllm" and view is not None:
+            if engine_spec(s.engine_kind).adapters_by_name and view is not None:
                 # straight to vLLM: name what the proxy would route to, and read its version
                 version, kind = await asyncio.to_thread(view.published)
                 model = s.adapter if kind == "lora" else s.model

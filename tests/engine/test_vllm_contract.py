@@ -136,6 +136,19 @@ def test_attach_check_says_what_to_change(kwargs, lora, expected):
     assert expected in info.value.message and "\n" not in info.value.message
 
 
+@pytest.mark.parametrize("kind, refused", [("vllm", True), ("embedded", False)])
+def test_the_attach_check_is_the_engine_specs(kind, refused):
+    # the supervisor and `clawproxy train` call check(); only a spec with a control plane to check asks
+    with serve_in_thread(create_fake_vllm(model=MODEL, dev_mode=False)) as url:
+        client = EngineClient(url, kind=kind)
+        assert client.spec.checks_control_plane is refused
+        if refused:
+            with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
+                client.check(lora=False)
+        else:
+            client.check(lora=True)
+
+
 def test_attach_check_accepts_full_finetuning_without_runtime_lora():
     with serve_in_thread(create_fake_vllm(model=MODEL, runtime_lora=False)) as url:
         EngineClient(url, kind="vllm").check_vllm(lora=False)

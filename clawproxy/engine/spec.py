@@ -1,0 +1,49 @@
+"""What each engine can do: the rest of clawproxy asks these, never which engine it is.
+
+``engine.kind`` names an engine in the config; ``EngineConfig.spec`` and ``EngineClient.spec``
+turn that name into an ``EngineSpec``, and callers outside ``clawproxy/engine/`` branch on its
+fields alone (``tests/test_import_rules.py`` counts ``engine.kind`` comparisons there: none).
+So the embedded engine lives behind this interface: removing it means removing its entry here
+and the modules that serve it, and no caller changes.
+
+No imports beyond the standard library: the config, the proxy and the CLI read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+EngineKind = Literal["vllm", "embedded"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: EngineKind
+    # each LoRA adapter is served under its own model name beside the base (vLLM), so every user's
+    # adapter can be served at once; False: one adapter merged into the one served model
+    adapters_by_name: bool
+    # GET /weight_info always says which version serves; False: a server may not (vLLM 0.32), so the
+    # client holds the version and starts from the store's published one
+    reports_weight_version: bool
+    # serves 4-bit weights (engine.quantization)
+    serves_quantized: bool
+    # its control plane (version, dev-mode routes, runtime LoRA) is checked before the trainer uses it
+    checks_control_plane: bool
+
+
+SPECS: dict[str, EngineSpec] = {
+    "vllm": EngineSpec("vllm", adapters_by_name=True, reports_weight_version=False, serves_quantized=True,
+                       checks_control_plane=True),
+    "embedded": EngineSpec("embedded", adapters_by_name=False, reports_weight_version=True,
+                           serves_quantized=False, checks_control_plane=False),
+}
+KINDS: tuple[str, ...] = tuple(SPECS)
+
+
+def engine_spec(kind: str) -> EngineSpec:
+    """The spec of the engine named ``kind`` (``engine.kind``); ValueError names the choices."""
+    try:
+        return SPECS[kind]
+    except KeyError:
+        raise ValueError(f"engine kind {kind!r}: use one of {', '.join(KINDS)}") from None
