@@ -11,9 +11,14 @@ Tool calls are written Hermes/Qwen style, which vLLM's ``hermes`` tool parser re
     </tool_call>
 
 When the chat template knows about tools (Qwen2.5/3, Hermes) it defines this format itself. When
-it does not (SmolLM2's template ignores ``tools``), the tools are described in the system message in
-the same Hermes format and earlier assistant tool calls and tool results are rendered as text, so
-that any model can be offered tools and its answers parsed the same way (``clawproxy.engine.tools``).
+it does not (SmolLM2's template ignores ``tools``), engines differ (``EngineSpec.tools_as_text``):
+- the embedded engine describes the tools in the system message in the same Hermes format and
+  renders earlier assistant tool calls and tool results as text, so that any model can be offered
+  tools and its answers parsed the same way (``clawproxy.engine.tools``);
+- vLLM hands the template the messages and tools as they are, and the template drops what it
+  does not know (the tools, the calls; a tool result keeps its ``tool`` role).
+The trainer renders the OPD teacher's prompt the way the serving engine rendered the student's
+(``tests/engine/test_vllm_real.py`` checks it token for token against the real vLLM).
 """
 
 from __future__ import annotations
@@ -116,14 +121,16 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     *,
     add_generation_prompt: bool = True,
+    tools_as_text: bool = True,
     **template_kwargs: Any,
 ) -> str:
-    """The prompt text the embedded engine generates from: ``normalize_messages`` + the model's
-    chat template. One function for the engine and for the trainer's OPD teacher prompt, so the
-    teacher's prompt differs from the recorded (student) prompt by the hint alone: rendered any
-    other way it would lose the tool instructions, or fail on tool-call history, and the
-    teacher - student gap would measure the rendering instead of the hint."""
-    native = template_supports_tools(getattr(tokenizer, "chat_template", None))
+    """The prompt text an engine generates from: ``normalize_messages`` + the model's chat
+    template; ``tools_as_text`` as the engine's ``EngineSpec`` says (True: the embedded engine,
+    False: vLLM; see the module docstring). One function for the engines and for the trainer's OPD
+    teacher prompt, so the teacher's prompt differs from the recorded (student) prompt by the hint
+    alone: rendered any other way the teacher - student gap would measure the rendering instead of
+    the hint."""
+    native = not tools_as_text or template_supports_tools(getattr(tokenizer, "chat_template", None))
     return tokenizer.apply_chat_template(
         normalize_messages(messages, tools, native),
         tools=tools if native else None,

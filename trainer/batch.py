@@ -63,6 +63,7 @@ class Sample:
     tools: list[dict[str, Any]] | None = None
     params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
     kind: str = "rl"  # rl | rl_opd | opd: which loss terms it gets (module docstring)
+    tools_as_text: bool = False  # how the serving engine rendered tools (EngineSpec.tools_as_text)
 
     @property
     def num_tokens(self) -> int:
@@ -85,7 +86,7 @@ def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
 
 
 def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000, *,
-                   owner: str | None = None) -> Selection:
+                   owner: str | None = None, tools_as_text: bool = False) -> Selection:
     """Read the candidates of ``owner``'s adapter (None: the shared one; ``Store.training_candidates``),
     oldest first, and split them into samples and rejects. ``current_version`` is where staleness
     is counted from on that owner's chain (``Store.stale_below`` + ``max_staleness``)."""
@@ -111,6 +112,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 tools=row["request_tools"],
                 params=row["request_params"] if isinstance(row["request_params"], dict) else None,
                 kind=sample_kind(row, cfg),
+                tools_as_text=tools_as_text,
             )
         )
     return Selection(samples=samples, skipped=skipped)
@@ -147,27 +149,34 @@ def add_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
     return out
 
 
+def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               params: dict[str, Any] | None, *, tools_as_text: bool) -> list[int]:
+    """Token ids of the prompt the engine renders for a recorded request (``render_chat`` with the
+    engine's ``tools_as_text``; the request's ``tool_choice`` and ``chat_template_kwargs``).
+    Raises whatever the chat template raises on messages it cannot render."""
+    from clawproxy.chat_template import render_chat
+
+    params = params or {}
+    tools = None if params.get("tool_choice") == "none" else (tools or None)
+    template_kwargs = params.get("chat_template_kwargs")
+    text = render_chat(
+        tokenizer, messages, tools,
+        add_generation_prompt=bool(params.get("add_generation_prompt", True)), tools_as_text=tools_as_text,
+        **(template_kwargs if isinstance(template_kwargs, dict) else {}),
+    )
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
 def teacher_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
     """Token ids of the teacher's prompt (recorded messages + hint), or None when there is no hint
     or the chat template cannot render the recorded messages.
 
-    Rendered exactly as the embedded engine rendered the student's prompt (``render_chat``: tool
-    instructions, tool-call history, the request's ``tool_choice`` and ``chat_template_kwargs``),
-    so the two prompts differ by the hint alone."""
-    from clawproxy.chat_template import render_chat
-
+    Rendered as the engine rendered the student's prompt (``prompt_ids``; a real-vLLM test checks
+    the two match on a recorded OpenClaw turn with tools), so the two prompts differ by the hint alone."""
     if not sample.hint or not sample.messages:
         return None
-    params = sample.params or {}
-    tools = None if params.get("tool_choice") == "none" else (sample.tools or None)
-    template_kwargs = params.get("chat_template_kwargs")
     try:
-        text = render_chat(
-            tokenizer, add_hint(sample.messages, sample.hint), tools,
-            add_generation_prompt=bool(params.get("add_generation_prompt", True)),
-            **(template_kwargs if isinstance(template_kwargs, dict) else {}),
-        )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return prompt_ids(tokenizer, add_hint(sample.messages, sample.hint), sample.tools, sample.params,
+                          tools_as_text=sample.tools_as_text)
     except Exception:  # a template that cannot render these messages: train without the teacher
         return None
-    return [int(t) for t in ids]

@@ -517,7 +517,7 @@ class Trainer:
         rejects are recorded with their reasons."""
         # staleness is counted on the owner's chain (Store.stale_below), from its serving version with no users
         ref = self.store.stale_below(owner, self.tcfg.max_staleness) + self.tcfg.max_staleness
-        sel = select_samples(self.store, self.tcfg, ref, owner=owner)
+        sel = select_samples(self.store, self.tcfg, ref, owner=owner, tools_as_text=self.cfg.engine.spec.tools_as_text)
         samples: list[Sample] = []
         for s in sel.samples:
             if len(samples) == self.tcfg.batch_size:

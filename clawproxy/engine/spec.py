@@ -30,13 +30,16 @@ class EngineSpec:
     serves_quantized: bool
     # its control plane (version, dev-mode routes, runtime LoRA) is checked before the trainer uses it
     checks_control_plane: bool
+    # a chat template that ignores tools still gets them, as Hermes text (clawproxy/chat_template.py);
+    # False: the template gets messages and tools as they are (vLLM)
+    tools_as_text: bool
 
 
 SPECS: dict[str, EngineSpec] = {
     "vllm": EngineSpec("vllm", adapters_by_name=True, reports_weight_version=False, serves_quantized=True,
-                       checks_control_plane=True),
+                       checks_control_plane=True, tools_as_text=False),
     "embedded": EngineSpec("embedded", adapters_by_name=False, reports_weight_version=True,
-                           serves_quantized=False, checks_control_plane=False),
+                           serves_quantized=False, checks_control_plane=False, tools_as_text=True),
 }
 KINDS: tuple[str, ...] = tuple(SPECS)
 

@@ -50,7 +50,7 @@ class Server:
             "data_dir": str(root / "data"),
             "engine": {"kind": "vllm", "model": str(base), "served_model_name": MODEL, "port": port,
                        "device": device, "dtype": self.dtype, "control_token": KEY, "kv_cache_gb": 1,
-                       "max_model_len": 2048, "tool_call_parser": None,
+                       "max_model_len": 2048, "tool_call_parser": "hermes",  # OpenClaw sends tool_choice auto
                        "vllm_args": ["--gpu-memory-utilization", "0.3"] if device != "cpu" else []},
             "trainer": {"finetune": "lora", "lora_r": 16}}))
         self.log = root / "vllm.log"
@@ -215,3 +215,58 @@ async def test_proxy_loads_the_adapter_again_after_vllm_restarts(server, make_ri
     assert status == 200, body
     assert json.loads(body)["model"] == "clawproxy"
     assert await asyncio.to_thread(target.client().served_adapters) == {"clawproxy": str(target.adapter)}
+
+
+def _openclaw_tool_turn() -> dict:
+    """OpenClaw's tool follow-up (a read call, its result, the internal-context message) with the
+    real system prompt (cut to fit the 2048-token server) and the real 12 tool schemas."""
+    samples = [json.loads(line) for line in (ROOT / "tests/fixtures/openclaw_samples.jsonl").open()]
+    first = next(s["body"] for s in samples if s["label"].startswith("main-turn-1"))
+    follow = next(s["body"] for s in samples if s["label"].startswith("tool-followup"))
+    system = first["messages"][0]["content"][:1500].rsplit("\n", 1)[0]
+    messages = [{"role": "system", "content": system}, *follow["messages"][1:]]
+    assert any(m.get("tool_calls") for m in messages) and any(m["role"] == "tool" for m in messages)
+    return {**follow, "model": MODEL, "messages": messages, "tools": first["tools"], "max_completion_tokens": 1}
+
+
+def _first_difference(tok, ours: list[int], theirs: list[int]) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+    return f"token {i} of {len(ours)} / {len(theirs)}: {tok.decode(ours[i:i + 40])!r} vs {tok.decode(theirs[i:i + 40])!r}"
+
+
+async def test_trainer_renders_the_prompt_vllm_rendered(server, make_rig):
+    """On a recorded OpenClaw turn with tools and tool-call history, the trainer's rendering of the
+    recorded messages is vLLM's recorded prompt token for token, and the OPD teacher's prompt is
+    that prompt with the hint's tokens inserted, nothing else (it used to add Hermes tool text that
+    vLLM never showed the student: SmolLM2's template ignores tools)."""
+    from transformers import AutoTokenizer
+
+    from trainer.batch import HINT_TEMPLATE, Sample, prompt_ids, teacher_prompt_ids
+
+    srv, target = server
+    rig = await make_rig(upstream=srv.url, **{"engine.kind": "vllm", "engine.model": str(target.base_dir),
+                                              "engine.served_model_name": MODEL})
+    status, _, body = await rig.chat(_openclaw_tool_turn(), headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200, body
+    await rig.wait_recorded(1)
+    (row,) = rig.turns()
+    rec = {k: json.loads(row[k]) if isinstance(row[k], str) else row[k]
+           for k in ("request_messages", "request_tools", "request_params", "prompt_token_ids")}
+    recorded = rec["prompt_token_ids"]
+    assert recorded and rec["request_tools"], row
+    tok = AutoTokenizer.from_pretrained(target.base_dir)
+    as_text = rig.cfg.engine.spec.tools_as_text  # what the trainer is given for this engine
+    student = prompt_ids(tok, rec["request_messages"], rec["request_tools"], rec["request_params"],
+                         tools_as_text=as_text)
+    assert student == recorded, _first_difference(tok, student, recorded)
+
+    hint = "Answer in one line."
+    sample = Sample(turn_id=row["id"], prompt_ids=recorded, completion_ids=[1], behaviour_logps=[0.0], score=-1,
+                    hint=hint, weight_version=0, messages=rec["request_messages"], tools=rec["request_tools"],
+                    params=rec["request_params"], kind="opd", tools_as_text=as_text)
+    teacher = teacher_prompt_ids(tok, sample)
+    assert teacher is not None
+    start = next(i for i, (a, b) in enumerate(zip(recorded, teacher, strict=False)) if a != b)
+    end = len(teacher) - (len(recorded) - start)  # the student's tokens resume here
+    assert teacher[:start] + teacher[end:] == recorded, _first_difference(tok, teacher[end:], recorded[start:])
+    assert tok.decode(teacher[start:end]) == "\n\n" + HINT_TEMPLATE.format(hint=hint)

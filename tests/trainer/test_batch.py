@@ -202,7 +202,7 @@ def test_teacher_prompt_differs_from_the_engine_prompt_by_the_hint_alone(default
     prompt = _prepare(engine, ServerSettings("m", "m", 8192), body).prompt_ids
     insert_turn(store, prompt_ids=prompt, completion_ids=_ids(8), messages=messages, tools=tools,
                 params={"tool_choice": "auto", "stream": True}, hint="Answer in one sentence.")
-    sample = select_samples(store, TrainerConfig(), 0).samples[0]
+    sample = select_samples(store, TrainerConfig(), 0, tools_as_text=True).samples[0]
     teacher = teacher_prompt_ids(tok, sample)
     assert teacher is not None
     a = 0
