@@ -57,7 +57,8 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
             "--served-model-name", engine.served_name, "--host", engine.host, "--port", str(engine.port),
             "--dtype", engine.dtype, "--max-num-seqs", str(engine.max_batch_size),
             "--logprobs-mode", engine.logprobs_mode,
-            "--generation-config", "auto"]  # the model's sampling defaults, as the embedded engine
+            "--generation-config", "auto",  # the model's sampling defaults, as the embedded engine
+            "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens: prefix-cache hits recorded
     if engine.max_model_len is not None:
         argv += ["--max-model-len", str(engine.max_model_len)]
     if engine.default_max_tokens:

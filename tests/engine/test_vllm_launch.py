@@ -30,6 +30,7 @@ def test_the_default_stack_serves_the_1_5b_in_bf16_with_lora_and_our_tool_parser
     assert _flag(argv, "--tool-call-parser") == "qwen_fenced" and _flag(argv, "--tool-parser-plugin").endswith(
         "clawproxy/engine/tool_parsers.py")
     assert _flag(argv, "--logprobs-mode") == "raw_logprobs"
+    assert "--enable-prompt-tokens-details" in argv  # recorded usage says how much the prefix cache held
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert env["PYTHONUNBUFFERED"] == "1"  # vLLM's log lines reach engine.log when logged, not at exit
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"  # default.yaml
