@@ -194,8 +194,10 @@ def test_trainer_step_publishes_into_real_vllm(target, tmp_path, finetune):
         engine.load_weights(str(target.base_dir), 2)
 
 
-async def test_proxy_loads_the_adapter_again_after_vllm_restarts(server, make_rig):
-    """vLLM forgets runtime adapters when it restarts; the proxy's next request loads it again."""
+@pytest.fixture
+async def restarted(server, make_rig):
+    """A proxy that routes to an adapter vLLM had loaded, then vLLM restarted: in a fixture, as the
+    other server starts are, because a restart alone can take over the 120 s a test body gets here."""
     from clawproxy.proxy.app import ROUTER_KEY
     from clawproxy.store import Store
 
@@ -210,6 +212,12 @@ async def test_proxy_loads_the_adapter_again_after_vllm_restarts(server, make_ri
     await asyncio.to_thread(target.client().load_weights, str(target.adapter), 1, True)
     await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
     await asyncio.to_thread(srv.restart)
+    return rig, target
+
+
+async def test_proxy_loads_the_adapter_again_after_vllm_restarts(restarted):
+    """vLLM forgets runtime adapters when it restarts; the proxy's next request loads it again."""
+    rig, target = restarted
     assert "clawproxy" not in await asyncio.to_thread(target.client().served_adapters)
     status, _, body = await rig.chat({**ask(target), "max_tokens": 3}, headers={"Authorization": f"Bearer {KEY}"})
     assert status == 200, body
