@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,26 @@ async def test_trainer_renders_the_prompt_vllm_rendered(server, make_rig):
     end = len(teacher) - (len(recorded) - start)  # the student's tokens resume here
     assert teacher[:start] + teacher[end:] == recorded, _first_difference(tok, teacher[end:], recorded[start:])
     assert tok.decode(teacher[start:end]) == "\n\n" + HINT_TEMPLATE.format(hint=hint)
+
+
+async def test_a_repeated_prompt_is_recorded_as_a_prefix_cache_hit(server, make_rig):
+    """OpenClaw's later sessions resend its system prompt: the recorded usage says how much of it vLLM's
+    prefix cache held (``--enable-prompt-tokens-details``), and the first time, none."""
+    srv, target = server
+    rig = await make_rig(upstream=srv.url, **{"engine.kind": "vllm", "engine.model": str(target.base_dir),
+                                              "engine.served_model_name": MODEL})
+    # a nonce first: no earlier test's prompt shares even a block with it
+    system = f"Run {uuid.uuid4()}. " + " ".join(f"Rule {i}: answer plainly." for i in range(120))
+    for question in ("Name a colour.", "Name a fruit."):
+        body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "system", "content": system},
+                                                                {"role": "user", "content": question}]}
+        status, _, out = await rig.chat(body, headers={"Authorization": f"Bearer {KEY}"})
+        assert status == 200, out
+    await rig.wait_recorded(2)
+    first, second = sorted(rig.turns(), key=lambda t: t["id"])
+    usage = [t["usage"] if isinstance(t["usage"], dict) else json.loads(t["usage"]) for t in (first, second)]
+    cached = [(u.get("prompt_tokens_details") or {}).get("cached_tokens") for u in usage]
+    prompt = usage[1]["prompt_tokens"]
+    assert cached[0] == 0, cached
+    # the shared system prompt in whole cache blocks (128 tokens on CPU), never the new question
+    assert prompt - 160 < cached[1] < prompt, (cached, prompt)
