@@ -2,7 +2,7 @@
 
 Each task (clawproxy/simulate/agent_tasks.jsonl: question, read, write, command; train, validation,
 heldout) runs as `openclaw agent exec --cwd WS --json "task"` in a fresh scratch workspace holding
-the task's files, against `clawproxy start --no-train --no-judge` (or a running proxy: --url) with
+the task's files (always at the same path, as a user's is: OpenClaw's system prompt holds it), against `clawproxy start --no-train --no-judge` (or a running proxy: --url) with
 OpenClaw's `lean` profile (read, write, edit, exec). A program checks each outcome
 (agent_tasks.check). From the turns the proxy recorded: tool calls by name, malformed calls
 (agent_tasks.malformed) and how each answer finished (stop, length, tool_calls).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,7 +105,12 @@ def settled_turns(db: Path, after_id: int, prompt: str, wait_s: float = 15) -> l
 
 def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch: Path,
              timeout_s: int) -> dict[str, Any]:
-    ws = scratch / task.id
+    # One workspace path for every task: OpenClaw writes the path into its system prompt, so a path per
+    # task would make each task prefill ~1.9k tokens afresh instead of reusing vLLM's prefix cache.
+    ws = scratch / "workspace"
+    (scratch / "done").mkdir(parents=True, exist_ok=True)
+    if ws.exists():
+        shutil.move(ws, scratch / "done" / f"before-{task.id}")
     materialize(task, ws)
     after = last_turn_id(db)
     t0 = time.monotonic()
@@ -124,6 +130,7 @@ def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch
     # What the proxy recorded is the truth; OpenClaw's own summary covers a run the store missed.
     called = names if turns else list(summary.get("tools") or [])
     verdict = check(task, Outcome(env.get("final") or "", called, ws))
+    shutil.move(ws, scratch / "done" / task.id)  # kept for a look at what the agent did
     bad = [{"turn_id": t["id"], "why": why} for t in turns if (why := malformed(t))]
     return {
         "id": task.id, "split": task.split, "kind": task.kind, "ok": verdict.ok, "why": verdict.why,
