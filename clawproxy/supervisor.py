@@ -218,6 +218,10 @@ def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Ch
     return engine, workers
 
 
+class TrainerUnavailable(ConfigError):
+    """The attached server answers but cannot take weights (not vLLM, or vLLM without its control routes)."""
+
+
 def check_attached_vllm(cfg: Config) -> None:
     """Fail at startup, in one line, when the attached vLLM cannot do what the trainer will ask
     (version, dev mode, runtime LoRA routes): otherwise the first publish fails, much later."""
@@ -228,7 +232,7 @@ def check_attached_vllm(cfg: Config) -> None:
         if e.status in TRANSIENT:
             raise ConfigError(f"{e.message}; start vLLM first (configs/gpu-1.yaml) and wait until "
                               f"{client.base_url}/health answers.") from None
-        raise ConfigError(e.message) from None
+        raise TrainerUnavailable(e.message) from None
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -283,7 +287,12 @@ async def _main(cfg: Config) -> None:
         run_config = _write_run_config(cfg, Path(tmp))
 
     if cfg.engine.spec.checks_control_plane and cfg.proxy.upstream is not None and cfg.trainer.enabled:
-        await asyncio.to_thread(check_attached_vllm, cfg)  # only the trainer needs vLLM's control plane
+        try:  # only the trainer needs vLLM's control plane: any OpenAI-compatible server is recorded and judged
+            await asyncio.to_thread(check_attached_vllm, cfg)
+        except TrainerUnavailable as e:
+            log.warning("the trainer is off: %s. Recording and judging run; --no-train (trainer.enabled: "
+                        "false) silences this.", e)
+            cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, enabled=False))
     engine, workers = build_children(cfg, run_config)
     if engine is not None:
         _check_port_free(cfg.engine.host, cfg.engine.port)

@@ -178,7 +178,10 @@ class EngineClient:
         """Check an attached ``vllm serve`` can do what the trainer will ask; raise EngineError
         with one line that says what to change (version, dev mode, runtime LoRA routes)."""
         ver = self.version()
-        if ver is None or ver < MIN_VLLM:
+        if ver is None:
+            raise EngineError(f"{self.base_url} is not a vLLM (no /version), and the trainer publishes weights "
+                              f"through vLLM's control routes", status=400)
+        if ver < MIN_VLLM:
             have = ".".join(map(str, ver)) if ver else "unknown"
             need = ".".join(map(str, MIN_VLLM))
             raise EngineError(f"vLLM at {self.base_url} is {have}; clawproxy needs vllm>={need} "

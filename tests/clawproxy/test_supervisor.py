@@ -197,3 +197,69 @@ def test_unusable_data_dir_is_a_clear_error(tmp_path):
         )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "--data-dir" in r.stderr, r.stderr
+
+
+def _plain_openai_server():
+    """An OpenAI-compatible server that is not vLLM, as llama.cpp's or Ollama's: chat completions and
+    models, nothing else (no /version, no /pause, no LoRA routes)."""
+    import json
+
+    from aiohttp import web
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "plain", "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response({"id": "c1", "object": "chat.completion", "model": "plain", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "Hi there."}, "finish_reason": "stop"}]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for delta, finish in (({"role": "assistant", "content": "Hi"}, None), ({"content": " there."}, "stop")):
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "plain",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def test_start_in_front_of_a_plain_openai_server_records_and_warns_once_that_the_trainer_is_off(tmp_path):
+    from openai import OpenAI
+
+    from tests.fakes.serve import serve_in_thread
+
+    data = tmp_path / "data"
+    with serve_in_thread(_plain_openai_server()) as upstream, held_port() as port:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clawproxy.cli", "start", "--upstream", upstream, "--port", str(port),
+             "--data-dir", str(data), "--no-judge"],  # the trainer left on, as a user would
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{port}/v1/models")
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+            chunks = list(client.chat.completions.create(
+                model="plain", messages=[{"role": "user", "content": "Say hi."}], stream=True,
+                extra_headers={"session_id": "s-plain:0"}))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi there."
+            def recorded() -> int:
+                store = Store.reader(data / "clawproxy.db")
+                try:
+                    return len(store.query("SELECT id FROM turns"))
+                finally:
+                    store.close()
+
+            wait_until("the turn is recorded", lambda: recorded() == 1)
+            assert not [k for k in children_of(proc.pid) if "train" in Path(f"/proc/{k}/cmdline").read_text()]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+    warnings = [line for line in out.splitlines() if "the trainer is off" in line]
+    assert len(warnings) == 1 and "is not a vLLM" in warnings[0] and "--no-train" in warnings[0], out
+    assert proc.returncode == 0 and "Traceback" not in out, out
