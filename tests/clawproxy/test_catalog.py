@@ -235,3 +235,28 @@ def test_sampling_defaults_are_written_once_and_keep_the_rest(tmp_path):
     assert (out / "generation_config.json").stat().st_mtime_ns == before
     assert sorted(p.name for p in out.iterdir()) == [catalog.SOURCE_FILE, "generation_config.json"]
     assert catalog.get("smollm2-135m").sampling == ()  # its publisher sets none: vLLM's own defaults
+
+
+def test_a_first_start_fetches_the_named_model_in_the_terminal_before_the_engine_starts(monkeypatch, tmp_path):
+    """The download and conversion show in the user's terminal, not only in logs/engine.log."""
+    from click.testing import CliRunner
+
+    from clawproxy import catalog, supervisor
+    from clawproxy.cli import main
+
+    fetched, ran = [], []
+    monkeypatch.setenv("CLAWPROXY_MODEL_CACHE", str(tmp_path / "cache"))
+    def fake_fetch(name, echo, advance):
+        echo(f"{name}: converting")
+        fetched.append(name)
+        return tmp_path / name
+
+    monkeypatch.setattr(catalog, "fetch", fake_fetch)
+    monkeypatch.setattr(supervisor, "run", lambda cfg: ran.append(list(fetched)))
+    r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--model", "qwen2.5-coder-0.5b"])
+    assert r.exit_code == 0, r.output
+    assert ran == [["qwen2.5-coder-0.5b"]]  # fetched before the supervisor starts anything
+    assert "first start: fetching qwen2.5-coder-0.5b" in r.output and "converting" in r.output
+    fetched.clear()
+    r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--upstream", "http://127.0.0.1:9"])
+    assert r.exit_code == 0 and fetched == [], r.output  # an upstream needs no model here
