@@ -16,6 +16,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# importing TRL sets VLLM_LOGGING_LEVEL=ERROR when unset (trl/_compat.py), and every vLLM a later test
+# starts would inherit it: its engine.log would lose vLLM's INFO lines, which `clawproxy start` keeps
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
 os.environ.setdefault(
     "CLAWPROXY_MODEL_CACHE", str(Path.home() / ".cache" / "clawproxy" / "models")
 )
