@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from _env import ROOT, reserve_port
+from openclaw_models import wait_ready
 
 from clawproxy.simulate.agent_tasks import (
     KINDS,
@@ -39,21 +40,6 @@ from clawproxy.simulate.agent_tasks import (
     malformed,
     materialize,
 )
-
-
-def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
-    from clawproxy.engine.client import EngineClient
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"clawproxy start exited with {proc.returncode}")
-        try:
-            EngineClient(url).served_model_card()
-            return
-        except Exception:
-            time.sleep(1)
-    raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
 
 
 def last_turn_id(db: Path) -> int:

@@ -37,12 +37,13 @@ QUESTIONS = [  # (question, what a right answer says)
 SECRET = "marmalade"
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
+    """Until ``url`` serves its model card; SystemExit if ``proc`` (clawproxy start) exits first."""
     from clawproxy.engine.client import EngineClient
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise SystemExit(f"clawproxy start exited with {proc.returncode}")
         try:
             EngineClient(url).served_model_card()
