@@ -223,8 +223,9 @@ class TrainerUnavailable(ConfigError):
 
 
 def check_attached_vllm(cfg: Config) -> None:
-    """Fail at startup, in one line, when the attached vLLM cannot do what the trainer will ask
-    (version, dev mode, runtime LoRA routes): otherwise the first publish fails, much later."""
+    """Say at startup, in one line, when the attached server cannot do what the trainer will ask
+    (not vLLM; its version, dev mode, runtime LoRA routes): ``TrainerUnavailable``, which `start`
+    turns into a warning and no trainer; nothing listening yet is a ConfigError."""
     client = EngineClient(cfg.proxy.upstream or "", kind=cfg.engine.kind, token=cfg.engine.control_token, timeout=10)
     try:
         client.check(lora=cfg.trainer.finetune == "lora")
