@@ -34,10 +34,12 @@ from clawproxy.store import Store
 from tests.clawproxy.test_supervisor import wait_http, wait_until
 from tests.net import held_port, stop
 from tests.rig.proc_rig import FakeProc
+from tests.waits import assert_stays_sync, until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+SAID_NO_WINDOW_S = 0.5  # how long the test watches the serving version after the user says no to a rollback
 
 # Two conversations; each user message after the first is the previous answer's next state.
 GOOD = ["What is 2+2?", "thanks, that's perfect!", "great, now name a fruit"]
@@ -78,6 +80,11 @@ def _converse(port: int, session: str, said: list[str]) -> None:
 
 def _store(data: Path) -> Store:
     return Store.reader(data / "clawproxy.db")
+
+
+def _latest_version(data: Path) -> int:
+    with contextlib.closing(_store(data)) as s:
+        return s.latest_weight_version()
 
 
 @pytest.fixture(scope="module")
@@ -318,9 +325,8 @@ def test_rollback_asks_first_then_does_what_clawproxy_rollback_does(stack, brows
     alert = _until(browser, "a confirmation", lambda d: d.switch_to.alert)
     assert "v1" in alert.text
     alert.dismiss()  # said no: nothing happens
-    time.sleep(0.5)
-    with contextlib.closing(_store(stack["data"])) as s:
-        assert s.latest_weight_version() == 2
+    assert_stays_sync(lambda: _latest_version(stack["data"]) == 2, "no rollback after the user said no",
+                      SAID_NO_WINDOW_S)
 
     browser.find_element(By.ID, "rollback-1").click()
     _until(browser, "a confirmation", lambda d: d.switch_to.alert).accept()
@@ -442,7 +448,7 @@ async def test_a_slow_page_never_holds_up_the_proxy(make_rig, monkeypatch):
     monkeypatch.setattr(Store, "turns_and_sessions_since", slow)
     t0 = time.monotonic()
     page = asyncio.create_task(rig.client.get(rig.url + "/clawproxy/ui/"))
-    await asyncio.sleep(0.2)  # the page is in its read now (or, were it on the loop, the loop is stuck)
+    await until(lambda: seen, "the page to be inside its slow store read")
     status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "meanwhile"}]})
     took = time.monotonic() - t0
     async with await page as r:

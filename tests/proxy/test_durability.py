@@ -17,6 +17,7 @@ from clawproxy.store import Store
 from tests.net import held_port, wait_ok
 from tests.proxy.test_proxy_forwarding import _body
 from tests.rig.fake_upstream import FakeUpstream
+from tests.waits import until
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = " filler" * 4000  # needs new pages: a full database cannot take it
@@ -31,7 +32,9 @@ def disk_full(rig, full: bool) -> None:
     store.execute(f"PRAGMA max_page_count={n}")
 
 
-async def test_store_down_spools_then_replays(make_rig, tmp_path):
+async def test_store_down_spools_then_replays(make_rig, tmp_path, monkeypatch):
+    from clawproxy.proxy.app import RECORDER_KEY
+
     db_dir = tmp_path / "data" / "clawproxy.db"
     db_dir.mkdir(parents=True)  # a directory where the database should be: the store cannot open
     rig = await make_rig()
@@ -48,7 +51,8 @@ async def test_store_down_spools_then_replays(make_rig, tmp_path):
     assert b"while broken" in spool.read_bytes()
 
     shutil.rmtree(db_dir)  # the store works again
-    await asyncio.sleep(2.1)  # the recorder retries opening it at most every 2 s
+    # The next batch tries to open it again (not 2 s later): when it retries is not this test's subject.
+    monkeypatch.setattr(rig.app[RECORDER_KEY], "reopen_interval_s", 0.0)
     await rig.chat(_body("after repair"), {"x-session-id": "sp"})
     await rig.wait_recorded(2)
     st = Store(tmp_path / "data" / "clawproxy.db")
@@ -198,10 +202,12 @@ async def test_turns_still_queued_when_shutdown_times_out_are_spooled(tmp_path):
     blocker.execute("BEGIN IMMEDIATE")
     try:
         rec.submit(cap("first"))
-        await asyncio.sleep(0.2)  # the drain task took it and waits for the lock
+        # Off the queue means in the worker's batch, which waits for the lock (nothing yields between).
+        await until(lambda: rec.stats()["queue_depth"] == 0, "the drain task to take the first turn")
         rec.submit(cap("second"))
         closing = asyncio.create_task(rec.close(timeout=0.3), name="close")
-        await asyncio.sleep(0.6)
+        # Only close() can empty the queue now (the worker still waits): it gave up and took "second".
+        await until(lambda: rec.stats()["queue_depth"] == 0, "close() to give up and take the queued turn")
     finally:
         blocker.execute("COMMIT")
         blocker.close()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
 
 import aiohttp
 import orjson
 
+from clawproxy.proxy.app import STATS_KEY
 from tests.net import held_port
 from tests.proxy.test_proxy_forwarding import _body
+from tests.waits import until
 
 
 def _is_openai_error(raw: bytes) -> dict:
@@ -161,12 +161,13 @@ async def test_client_hanging_up_mid_body_leaves_an_aborted_turn(rig):
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"x-session-id: cut\r\nContent-Length: 5000\r\n\r\n")
 
-    def send_half() -> None:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(head + b'{"model": "m", "messages": [{"role": "user", "content": "')
-            time.sleep(0.3)  # the proxy is inside its body read now
-
-    await asyncio.to_thread(send_half)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + b'{"model": "m", "messages": [{"role": "user", "content": "')
+    await writer.drain()
+    # Admitted and counted, then straight into the body read (no await between): hang up there.
+    await until(lambda: rig.app[STATS_KEY].in_flight == 1, "the proxy to admit the request")
+    writer.close()
+    await writer.wait_closed()
     await rig.wait_recorded(1)
     [t] = rig.turns()
     assert (t["status"], t["reason"], t["trainable"]) == ("aborted", "aborted", 0)

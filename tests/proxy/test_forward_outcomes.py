@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 
@@ -10,10 +9,12 @@ import aiohttp
 import pytest
 
 from clawproxy.proxy import app as proxy_app
-from clawproxy.proxy.app import RECORDER_KEY
+from clawproxy.proxy.app import RECORDER_KEY, STATS_KEY
 from clawproxy.proxy.tap import Capture
+from tests.waits import assert_stays, until
 
 BODY = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+QUIET = 0.6  # QUIET_WAIT_S in the quiet-moment test: the store waits at most this long for one
 
 
 def test_finish_is_idempotent():
@@ -36,13 +37,6 @@ async def _submitted(make_rig, monkeypatch, **overrides):
 
     monkeypatch.setattr(recorder, "submit", spy)
     return rig, caps
-
-
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 def _one(caps: list[Capture]) -> Capture:
@@ -100,8 +94,8 @@ async def test_a_client_hanging_up_mid_stream_is_submitted_once(make_rig, monkey
         async with client.post(rig.url + "/v1/chat/completions", json=BODY,
                                headers={"x-fake-mode": "hang-mid"}) as r:
             await r.content.readany()
-    await _until(lambda: caps)
-    await asyncio.sleep(0.2)  # a second submission would come now
+    # The done hook (it counts the abort) is the flow's last event: a second submission came before it.
+    await until(lambda: rig.app[STATS_KEY].aborted == 1, "the hung-up request's done hook")
     cap = _one(caps)
     assert (cap.status, cap.error) == ("aborted", "client disconnected")
 
@@ -110,11 +104,13 @@ async def test_the_recorder_waits_for_a_quiet_moment_but_not_for_ever(rig, monke
     from clawproxy.proxy import recorder as rec_mod
 
     busy = True
-    monkeypatch.setattr(rig.app[RECORDER_KEY], "busy", lambda: busy)
-    monkeypatch.setattr(rec_mod, "QUIET_WAIT_S", 0.6)
+    rec = rig.app[RECORDER_KEY]
+    monkeypatch.setattr(rec, "busy", lambda: busy)
+    monkeypatch.setattr(rec_mod, "QUIET_WAIT_S", QUIET)
     await rig.chat(BODY)
-    await asyncio.sleep(0.3)
-    assert (await rig.stats())["turns_recorded"] == 0  # streams are relayed: the store waits
+    await until(lambda: rec.stats()["queue_depth"] == 0, "the recorder to take the turn")
+    # Half the quiet wait: long enough for a recorder that ignores busy() to store it, short of the cap.
+    await assert_stays(lambda: rec.recorded == 0, "streams are relayed: the store waits", QUIET / 2)
     await rig.wait_recorded(1, timeout=2.0)  # ... at most QUIET_WAIT_S
     busy = False
     t0 = time.monotonic()

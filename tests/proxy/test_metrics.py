@@ -4,6 +4,7 @@ prometheus-client's own parser; the access rules of the other control endpoints.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from clawproxy.store import Store
 from judge.voters import Vote
 from judge.worker import Worker
 from tests.trainer.util import insert_turn
+from tests.waits import until
 
 CHAT = "/v1/chat/completions"
 
@@ -150,14 +152,16 @@ async def test_a_slow_store_read_never_holds_up_a_request(rig, monkeypatch):
     await rig.chat(_body("creates the store"))
     await rig.wait_recorded(1)
     slow = Store.vote_counts
+    reading = threading.Event()
 
     def vote_counts(self: Store, after_id: int = 0) -> list[dict[str, Any]]:
+        reading.set()
         time.sleep(1.0)  # a scrape stuck on a big store: the event loop must not wait for it
         return slow(self, after_id)
 
     monkeypatch.setattr(Store, "vote_counts", vote_counts)
     scrape = asyncio.create_task(_scrape(rig), name="scrape")
-    await asyncio.sleep(0.1)
+    await until(reading.is_set, "the scrape to be inside its slow store read")
     t0 = time.monotonic()
     status, _, _ = await rig.chat(_body("while scraping"))
     took = time.monotonic() - t0

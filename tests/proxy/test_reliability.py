@@ -16,10 +16,12 @@ import orjson
 import pytest
 
 from clawproxy.errors import ConfigError
+from clawproxy.proxy.app import STATS_KEY
 from clawproxy.store import Store
 from tests.proxy.test_durability import disk_full
 from tests.proxy.test_proxy_forwarding import _body
 from tests.rig.proc_rig import http_request, raw_request
+from tests.waits import until
 
 
 def _port(rig) -> int:
@@ -39,8 +41,7 @@ async def wait_idle(rig, n_turns: int, n_quarantined: int = 0, timeout: float = 
     while time.monotonic() < deadline:
         s = await rig.stats()
         if s["turns_recorded"] >= n_turns and s["quarantined"] >= n_quarantined and s["queue_depth"] == 0:
-            await asyncio.sleep(0.05)
-            return await rig.stats()
+            return s  # both counts move once the turn is committed: nothing left to settle
         await asyncio.sleep(0.02)
     raise AssertionError(f"not idle: {await rig.stats()}")
 
@@ -223,7 +224,8 @@ async def test_gzip_bomb_is_refused_early_without_stalling_others(make_rig):
             return r.status, await r.json()
 
     async def normal():
-        await asyncio.sleep(0.05)
+        # Sent once a bomb is in: were it first, it would finish before any inflating began.
+        await until(lambda: rig.app[STATS_KEY].requests >= 1, "the proxy to admit a bomb")
         t = time.perf_counter()
         status, _, _ = await rig.chat(_body("meanwhile"))
         return status, time.perf_counter() - t
