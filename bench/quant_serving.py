@@ -1,4 +1,4 @@
-"""bfloat16 against 4-bit weights (``engine.quantization: w4a16``) on vLLM CPU, in one run.
+"""bfloat16, float32 and 4-bit weights (``engine.quantization: w4a16``) on vLLM CPU, in one run.
 
 Each round starts vLLM with the flags `clawproxy start` gives it (LoRA on) in each mode, the order
 alternating (ABBA) so that other jobs on a shared machine load both alike, and measures:
@@ -13,12 +13,15 @@ alternating (ABBA) so that other jobs on a shared machine load both alike, and m
 
 Bounds (``bench/bandwidth.py``, measured at the start and the end of the run): decode against read
 bandwidth / bytes read per token (every weight but the embedding table, in its served dtype);
-prefill against the GEMM FLOP/s of the mode's linear layers (bfloat16 as vLLM runs it; PyTorch's int4
-kernel, which serves 4 bits on CPUs without AVX-512) / (2 x those weights' parameters).
+prefill against the GEMM FLOP/s of the mode's linear layers (bfloat16 as vLLM runs it, float32; PyTorch's
+int4 kernel, which serves 4 bits on CPUs without AVX-512) / (2 x those weights' parameters).
 ``--logprob-gap``: the served log-probs of the 400-token answer against a float32 transformers
 forward pass of the unquantized model (the trainer's), per mode.
+``--answers``: the learning benchmark's base answers (``clawproxy simulate``'s measurement at 0
+interactions: greedy, 160 tokens, the held-out prompts) graded by its real-answer checks: mean
+words, cut-off, degenerate and off-topic shares, each preference's adoption.
 
-    .venv/bin/python bench/quant_serving.py --rounds 2 --out bench/results/issue37-serving.json
+    .venv/bin/python bench/quant_serving.py --rounds 2 [--modes bf16,fp32,w4a16] --out bench/results/issue37-serving.json
 """
 
 from __future__ import annotations
@@ -38,19 +41,20 @@ from _env import ROOT
 from bandwidth import measure
 from engine import decode_rate, stream_body
 
-MODES = {"bf16": "none", "w4a16": "w4a16"}
+# mode -> (engine.dtype, engine.quantization); w4a16 keeps bfloat16 activations
+MODES = {"bf16": ("bfloat16", "none"), "fp32": ("float32", "none"), "w4a16": ("bfloat16", "w4a16")}
 FILLER = ("Our team keeps a log of every build, every failed test and every fix, and reads it each "
           "Monday to decide what to work on next. ")
 
 
-def serving_bytes(model_dir: Path) -> tuple[int, int]:
+def serving_bytes(model_dir: Path, float_bytes: int = 2) -> tuple[int, int]:
     """(bytes read per decoded token, parameters multiplied per prompt token) of a served checkpoint:
-    every tensor but the embedding table (one row of it is read), floats as bfloat16 (the serving
+    every tensor but the embedding table (one row of it is read), floats in ``float_bytes`` (the serving
     dtype), packed integers as stored; the parameters of the layers' matrices but the output head
     (a prefill computes it for the last token only). Read from the safetensors headers."""
     import struct
 
-    size = {"F32": 2, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "U8": 1, "I8": 1}
+    size = {"F32": float_bytes, "BF16": float_bytes, "F16": float_bytes, "I32": 4, "I64": 8, "U8": 1, "I8": 1}
     total = params = 0
     for f in model_dir.glob("*.safetensors"):
         with open(f, "rb") as fh:
@@ -100,12 +104,12 @@ class Server:
     served directory of one mode, its OpenMP threads bound to ``cpus``; its process tree's peak RSS
     sampled."""
 
-    def __init__(self, model_dir: Path, port: int, cpus: str, quantized: bool):
+    def __init__(self, model_dir: Path, port: int, cpus: str, mode: str):
         from clawproxy.config import load_config
         from clawproxy.engine.vllm import server_command
 
         cfg = load_config(None, {"engine.port": port, "engine.max_model_len": 4096, "engine.kv_cache_gb": 2,
-                                 "engine.quantization": "w4a16" if quantized else "none"})
+                                 "engine.dtype": MODES[mode][0], "engine.quantization": MODES[mode][1]})
         argv, env = server_command(cfg.engine, cfg.trainer, str(model_dir))
         # vLLM's auto binding puts every server on this machine on CPU 0; ours takes the one given
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
@@ -113,6 +117,7 @@ class Server:
         # an AVX2 CPU (vLLM then stops the engine)
         env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = "3600"
         self.url = f"http://127.0.0.1:{port}"
+        self.served_name = cfg.engine.served_name
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-quant-{model_dir.name}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
                                      env={**os.environ, **env})
@@ -175,11 +180,39 @@ def chat(content: str, tokens: int, **extra: Any) -> dict[str, Any]:
             **extra}
 
 
+def base_answers(url: str, model: str) -> dict[str, Any]:
+    """The held-out base answers, graded as ``clawproxy simulate`` grades its point at 0."""
+    import asyncio
+
+    import aiohttp
+
+    from clawproxy.simulate.driver import answer_heldout
+    from clawproxy.simulate.measure import adoption_with, make_point, score_answers
+    from clawproxy.simulate.personas import PREFERENCES
+    from clawproxy.simulate.prompts import HELDOUT_PROMPTS
+
+    async def ask() -> list[Any]:
+        async with aiohttp.ClientSession() as http:
+            return await answer_heldout(http, url, list(HELDOUT_PROMPTS), model=model)
+
+    t0 = time.monotonic()
+    comps = asyncio.run(ask())
+    took = time.monotonic() - t0
+    graded = score_answers(HELDOUT_PROMPTS, [c.text for c in comps], PREFERENCES["concise"].check,
+                           cut_off=[c.finish_reason == "length" for c in comps])
+    point = make_point(0, graded, None, took)
+    return {"prompts": len(graded), "seconds": round(took, 1), "mean_words": round(point.mean_words, 1),
+            "cut_off_share": round(point.cut_off_share, 3), "degenerate_share": round(point.degenerate_share, 3),
+            "off_topic_share": round(point.off_topic_share, 3),
+            "adoption": {name: round(adoption_with(graded, pref.check), 3) for name, pref in PREFERENCES.items()},
+            "answers": [c.text for c in comps]}
+
+
 def one_server(args: argparse.Namespace, mode: str, model_dir: Path, port: int, prompts: dict[str, str],
                adapter: Path | None) -> dict[str, Any]:
     from clawproxy.httpjson import request_json
 
-    srv = Server(model_dir, port, args.cpus, quantized=mode != "bf16")
+    srv = Server(model_dir, port, args.cpus, mode)
     row: dict[str, Any] = {"mode": mode}
     try:
         row["ready_s"] = round(srv.wait_ready(), 1)
@@ -201,6 +234,8 @@ def one_server(args: argparse.Namespace, mode: str, model_dir: Path, port: int, 
             row[f"served_{name}"] = {"prompt_token_ids": res["prompt_token_ids"], "token_ids": res["token_ids"],
                                      "logprobs": res["logprobs"]}
             row[f"cpu_{name}_s"] = round(srv.worker_cpu() - cpu0, 2)
+        if args.answers:
+            row["heldout_base"] = base_answers(srv.url, srv.served_name)
         if adapter is not None:
             t0 = time.monotonic()
             request_json("POST", srv.url + "/v1/load_lora_adapter",
@@ -238,9 +273,13 @@ def logprob_gaps(base_dir: Path, rows: list[dict[str, Any]], name: str) -> dict[
     return out
 
 
+def rows_modes(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["mode"] for r in rows))
+
+
 def summarize(rows: list[dict[str, Any]], bounds: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in rows_modes(rows):
         mine = [r for r in rows if r["mode"] == mode and "decode_tok_s" in r]
         if not mine:
             continue
@@ -256,14 +295,15 @@ def summarize(rows: list[dict[str, Any]], bounds: dict[str, Any]) -> dict[str, A
         med["prefill_1800_tok_s"] = round(statistics.median(r["prompt_1800_tokens"] / r["ttft_1800_s"] for r in mine), 1)
         med["prefill_bound_tok_s"] = round(b["prefill_bound"], 1)
         summary[mode] = med
-    if "bf16" in summary and "w4a16" in summary:
-        s, q = summary["bf16"], summary["w4a16"]
-        summary["w4a16_over_bf16"] = {
-            "decode": round(q["decode_tok_s"] / s["decode_tok_s"], 2),
-            "decode_per_cpu_s": round(q["decode_tok_per_cpu_s"] / s["decode_tok_per_cpu_s"], 2),
-            "ttft_400": round(q["ttft_400_s"] / s["ttft_400_s"], 2),
-            "ttft_1800": round(q["ttft_1800_s"] / s["ttft_1800_s"], 2),
-        }
+    for a, b in (("w4a16", "bf16"), ("fp32", "bf16"), ("w4a16", "fp32")):
+        if a in summary and b in summary:
+            q, r = summary[a], summary[b]
+            summary[f"{a}_over_{b}"] = {
+                "decode": round(q["decode_tok_s"] / r["decode_tok_s"], 2),
+                "decode_per_cpu_s": round(q["decode_tok_per_cpu_s"] / r["decode_tok_per_cpu_s"], 2),
+                "ttft_400": round(q["ttft_400_s"] / r["ttft_400_s"], 2),
+                "ttft_1800": round(q["ttft_1800_s"] / r["ttft_1800_s"], 2),
+            }
     return summary
 
 
@@ -274,10 +314,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=64, help="decoded tokens of the decode measurement")
     ap.add_argument("--port", type=int, default=8210, help="each server gets the next port from here")
     ap.add_argument("--cpus", default="1", help="VLLM_CPU_OMP_THREADS_BIND of the servers (auto binds all to CPU 0)")
+    ap.add_argument("--modes", default="bf16,w4a16", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--no-lora", action="store_true", help="skip the LoRA adapter check")
     ap.add_argument("--logprob-gap", action="store_true", help="score the 400-token answers with a float32 forward")
+    ap.add_argument("--answers", action="store_true", help="grade the benchmark's held-out base answers")
     ap.add_argument("--out", default=None, help="write the figures here (JSON)")
     args = ap.parse_args(argv)
+    modes = args.modes.split(",")
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes {args.modes}: use a comma-separated list of {', '.join(MODES)}")
     from transformers import AutoTokenizer
 
     from clawproxy.engine.model import resolve_model
@@ -285,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args.data_dir = tempfile.mkdtemp(prefix="bench-quant-")
     base = Path(resolve_model(args.model))
-    served = {"bf16": base, "w4a16": quantized_model(base, args.data_dir, "w4a16")}  # made once, before timing
+    served = {m: quantized_model(base, args.data_dir, MODES[m][1]) if MODES[m][1] != "none" else base
+              for m in modes}  # made once, before timing
     tokenizer = AutoTokenizer.from_pretrained(base)
     adapter = None if args.no_lora else make_adapter(base, Path(args.data_dir) / "adapter")
     threads = len(args.cpus.split(","))
@@ -294,18 +340,21 @@ def main(argv: list[str] | None = None) -> None:
     port = args.port
     for r in range(args.rounds):
         prompts = {n: prompt_of(tokenizer, n, f"round {r}") for n in (400, 1800)}
-        for mode in (list(MODES) if r % 2 == 0 else list(MODES)[::-1]):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
             row = one_server(args, mode, served[mode], port, prompts, adapter)
             row.update(round=r, load_avg=os.getloadavg())
             rows.append(row)
             port += 1
-            print(json.dumps({k: v for k, v in row.items() if not k.startswith("served_")}), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if not k.startswith("served_")}
+                             | ({"heldout_base": {k: v for k, v in row["heldout_base"].items() if k != "answers"}}
+                                if "heldout_base" in row else {})), flush=True)
     machine.append(measure([threads], 1.0, 5))
     read_bw = max(m["memory"][0]["read_gb_s"]["best"] for m in machine) * 1e9
-    gemm = {"bf16": "bfloat16_gflop_s", "w4a16": "int4_torch_gflop_s"}  # what each mode's linear layers run
+    # what each mode's linear layers run
+    gemm = {"bf16": "bfloat16_gflop_s", "fp32": "float32_gflop_s", "w4a16": "int4_torch_gflop_s"}
     bounds = {}
     for mode, d in served.items():
-        nbytes, params = serving_bytes(d)
+        nbytes, params = serving_bytes(d, 4 if mode == "fp32" else 2)
         flops = max(m["matmul"][0][gemm[mode]]["best"] for m in machine) * 1e9
         bounds[mode] = {"bytes": nbytes, "params": params, "decode_bound": read_bw / nbytes,
                         "prefill_bound": flops / (2 * params)}
