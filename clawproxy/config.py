@@ -169,13 +169,16 @@ class EngineConfig:
         "auto", "Serving dtype. auto: the named model's (`clawproxy models list`), else float32 on "
         "CPU (the trainer's log-probs exactly) and bfloat16 on GPUs."
     )
-    quantization: Literal["none", "w4a16"] = setting(
-        "none",
+    quantization: Literal["auto", "none", "w4a16"] = setting(
+        "auto",
         "vLLM: serve the weights in 4 bits, for fewer bytes read per decoded token. 'w4a16': int4 "
         "linear layers (round-to-nearest, symmetric, a scale per 128 inputs; the embedding and "
         "output head stay bfloat16) with bfloat16 activations, made once from engine.model and "
         "cached beside it (clawproxy/engine/quantize.py). The trainer trains the unquantized "
-        "weights and publishes LoRA adapters. 'none': serve the weights as they are.",
+        "weights and publishes LoRA adapters. 'none': serve the weights as they are. 'auto': "
+        "w4a16 for a named model served in bfloat16 with a LoRA trainer on a CPU without native "
+        "bfloat16 (AVX2 only: there it answers sooner, decodes faster and takes less memory), "
+        "else none.",
     )
     device: str = setting("cpu", "Where the engine runs: cpu, cuda, cuda:0 ...", pattern=r"^(cpu|cuda(:\d+)?)$")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
@@ -340,6 +343,13 @@ class Config:
                 "float32" if self.engine.device == "cpu" else "bfloat16")
         if self.trainer.finetune == "auto":
             self.trainer.finetune = named.finetune if named else "full"
+        if self.engine.quantization == "auto":
+            # bfloat16 matmuls are emulated without AVX512-BF16/AMX: 4 bits win there on every figure
+            # (bench/results/issue37-serving.md); a named model is a local directory it can be made from
+            emulated_bf16 = self.engine.device == "cpu" and self.engine.dtype == "bfloat16" and not cpu_has_bf16()
+            self.engine.quantization = "w4a16" if (
+                named is not None and emulated_bf16 and self.engine.spec.serves_quantized
+                and self.trainer.finetune == "lora") else "none"
         if self.engine.quantization != "none":
             if not self.engine.spec.serves_quantized:
                 raise ConfigError(f"engine.quantization={self.engine.quantization} needs engine.kind: vllm "

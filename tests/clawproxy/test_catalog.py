@@ -241,8 +241,10 @@ def test_a_first_start_fetches_the_named_model_in_the_terminal_before_the_engine
     """The download and conversion show in the user's terminal, not only in logs/engine.log."""
     from click.testing import CliRunner
 
+    import clawproxy.config
     from clawproxy import catalog, supervisor
     from clawproxy.cli import main
+    from clawproxy.engine import quantize
 
     fetched, ran = [], []
     monkeypatch.setenv("CLAWPROXY_MODEL_CACHE", str(tmp_path / "cache"))
@@ -251,12 +253,25 @@ def test_a_first_start_fetches_the_named_model_in_the_terminal_before_the_engine
         fetched.append(name)
         return tmp_path / name
 
+    def fake_quantize(source, data_dir, quantization):
+        fetched.append(f"{source.name}-{quantization}")
+        return tmp_path / f"{source.name}-{quantization}"
+
     monkeypatch.setattr(catalog, "fetch", fake_fetch)
+    monkeypatch.setattr(quantize, "quantized_model", fake_quantize)
+    monkeypatch.setattr(clawproxy.config, "cpu_has_bf16", lambda: False)  # an AVX2 CPU: auto serves 4 bits
     monkeypatch.setattr(supervisor, "run", lambda cfg: ran.append(list(fetched)))
-    r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--model", "qwen2.5-coder-0.5b"])
+    r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--model", "qwen2.5-coder-1.5b"])
     assert r.exit_code == 0, r.output
-    assert ran == [["qwen2.5-coder-0.5b"]]  # fetched before the supervisor starts anything
-    assert "first start: fetching qwen2.5-coder-0.5b" in r.output and "converting" in r.output
+    # fetched and quantized before the supervisor starts anything
+    assert ran == [["qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-w4a16"]]
+    assert "first start: fetching qwen2.5-coder-1.5b" in r.output and "converting" in r.output
+    assert "first start: making the w4a16 weights from qwen2.5-coder-1.5b" in r.output
+    fetched.clear()
+    ran.clear()
+    r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--model", "qwen2.5-coder-1.5b",
+                                  "--quantization", "none"])
+    assert r.exit_code == 0 and ran == [["qwen2.5-coder-1.5b"]], r.output
     fetched.clear()
     r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--upstream", "http://127.0.0.1:9"])
     assert r.exit_code == 0 and fetched == [], r.output  # an upstream needs no model here

@@ -113,6 +113,24 @@ def test_trainer_dtype_auto(monkeypatch, finetune, device, bf16_cpu, want):
     assert load_config(None, {"trainer.finetune": finetune, "trainer.dtype": "float32"}).trainer.dtype == "float32"
 
 
+@pytest.mark.parametrize(("overrides", "bf16_cpu", "want"), [
+    ({}, False, "w4a16"),                    # the default model on an AVX2 CPU: emulated bfloat16 loses
+    ({}, True, "none"),                      # native bfloat16 (AVX512-BF16, AMX): served as it is
+    ({"engine.device": "cuda"}, False, "none"),
+    ({"engine.kind": "embedded"}, False, "none"),          # it serves unquantized weights only
+    ({"trainer.finetune": "full"}, False, "none"),         # a full checkpoint cannot reload into 4 bits
+    ({"engine.model": "smollm2-135m"}, False, "none"),     # served in float32: nothing emulated
+    ({"engine.model": "Qwen/Qwen2.5-0.5B-Instruct"}, False, "none"),  # a hub id is not quantized here
+    ({"engine.quantization": "none"}, False, "none"),
+    ({"engine.quantization": "w4a16"}, True, "w4a16"),
+])
+def test_quantization_auto(monkeypatch, overrides, bf16_cpu, want):
+    import clawproxy.config
+
+    monkeypatch.setattr(clawproxy.config, "cpu_has_bf16", lambda: bf16_cpu)
+    assert load_config(None, overrides).engine.quantization == want
+
+
 def test_a_lora_adapter_trains_in_float32_on_a_bfloat16_model(tmp_path, tiny_model_dir):
     import torch
 
