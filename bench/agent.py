@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data-dir", default="clawproxy-data",
                     help="with --url: that proxy's data dir, whose clawproxy.db holds the recorded turns")
     ap.add_argument("--model", default=None, help="model for clawproxy start (default: clawproxy's default)")
-    ap.add_argument("--quantization", default=None, choices=["none", "w4a16"], help="clawproxy start --quantization")
+    ap.add_argument("--quantization", default=None, choices=["auto", "none", "w4a16"], help="clawproxy start --quantization")
     ap.add_argument("--engine", default="vllm", choices=["vllm", "embedded"])
     ap.add_argument("--profile", default="lean", choices=["lean", "default", "chat"], help="OpenClaw prompt profile")
     ap.add_argument("--task-timeout", type=int, default=1800, help="OpenClaw's deadline for one task, seconds")

@@ -53,10 +53,11 @@ def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
     raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
 
 
-def run_pair(model: str, profile: str, engine: str, openclaw, quantization: str = "none") -> dict:
+def run_pair(model: str, profile: str, engine: str, openclaw, quantization: str = "auto") -> dict:
     from click.testing import CliRunner
 
     from clawproxy.cli import main as cli
+    from clawproxy.config import load_config
     from clawproxy.store import Store
 
     tmp = Path(tempfile.mkdtemp(prefix="clawproxy-models-"))
@@ -68,7 +69,8 @@ def run_pair(model: str, profile: str, engine: str, openclaw, quantization: str 
     t0 = time.monotonic()
     proc = subprocess.Popen(start, stdout=open(tmp / "clawproxy.log", "w"), stderr=subprocess.STDOUT,
                             env=env, cwd=ROOT)
-    row: dict = {"model": model, "profile": profile, "engine": engine, "quantization": quantization}
+    served = load_config(None, {"engine.model": model, "engine.kind": engine, "engine.quantization": quantization})
+    row: dict = {"model": model, "profile": profile, "engine": engine, "quantization": served.engine.quantization}
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, 1200)
         row["ready_s"] = round(time.monotonic() - t0, 1)
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", nargs="+", default=["qwen2.5-coder-1.5b:lean"], help="MODEL:PROFILE ...")
     ap.add_argument("--engine", default="vllm", choices=["vllm", "embedded"])
-    ap.add_argument("--quantization", default="none", choices=["none", "w4a16"], help="clawproxy start --quantization")
+    ap.add_argument("--quantization", default="auto", choices=["auto", "none", "w4a16"],
+                    help="clawproxy start --quantization")
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
     args = ap.parse_args(argv)
     from tests.openclaw_client import ensure_openclaw

@@ -19,7 +19,8 @@ int4 kernel, which serves 4 bits on CPUs without AVX-512) / (2 x those weights' 
 forward pass of the unquantized model (the trainer's), per mode.
 ``--answers``: the learning benchmark's base answers (``clawproxy simulate``'s measurement at 0
 interactions: greedy, 160 tokens, the held-out prompts) graded by its real-answer checks: mean
-words, cut-off, degenerate and off-topic shares, each preference's adoption.
+words, cut-off, degenerate and off-topic shares, each preference's adoption; and greedy answers to
+``bench/openclaw_models.py``'s five factual questions, checked by its patterns.
 
     .venv/bin/python bench/quant_serving.py --rounds 2 [--modes bf16,fp32,w4a16] --out bench/results/issue37-serving.json
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -40,6 +42,7 @@ from typing import Any
 from _env import ROOT
 from bandwidth import measure
 from engine import decode_rate, stream_body
+from openclaw_models import QUESTIONS
 
 # mode -> (engine.dtype, engine.quantization); w4a16 keeps bfloat16 activations
 MODES = {"bf16": ("bfloat16", "none"), "fp32": ("float32", "none"), "w4a16": ("bfloat16", "w4a16")}
@@ -201,7 +204,12 @@ def base_answers(url: str, model: str) -> dict[str, Any]:
     graded = score_answers(HELDOUT_PROMPTS, [c.text for c in comps], PREFERENCES["concise"].check,
                            cut_off=[c.finish_reason == "length" for c in comps])
     point = make_point(0, graded, None, took)
-    return {"prompts": len(graded), "seconds": round(took, 1), "mean_words": round(point.mean_words, 1),
+    facts = []
+    for question, right in QUESTIONS:
+        text = stream_body(url, {**chat(question, 64), "model": model})["message"]["content"]
+        facts.append({"question": question, "right": bool(re.search(right, text.lower())), "answer": text})
+    return {"facts_right": sum(f["right"] for f in facts), "facts": facts,
+            "prompts": len(graded), "seconds": round(took, 1), "mean_words": round(point.mean_words, 1),
             "cut_off_share": round(point.cut_off_share, 3), "degenerate_share": round(point.degenerate_share, 3),
             "off_topic_share": round(point.off_topic_share, 3),
             "adoption": {name: round(adoption_with(graded, pref.check), 3) for name, pref in PREFERENCES.items()},
@@ -346,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             port += 1
             print(json.dumps({k: v for k, v in row.items() if not k.startswith("served_")}
-                             | ({"heldout_base": {k: v for k, v in row["heldout_base"].items() if k != "answers"}}
+                             | ({"heldout_base": {k: v for k, v in row["heldout_base"].items()
+                                                   if k not in ("answers", "facts")}}
                                 if "heldout_base" in row else {})), flush=True)
     machine.append(measure([threads], 1.0, 5))
     read_bw = max(m["memory"][0]["read_gb_s"]["best"] for m in machine) * 1e9
