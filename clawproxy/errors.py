@@ -4,7 +4,7 @@
     ├── ConfigError                a config file or flag is wrong; the message says how to fix it
     ├── StoreError                 the SQLite store cannot be opened, migrated or written
     ├── UpstreamError              the model server failed or is unreachable (502)
-    │   ├── UpstreamUnavailable    ... is restarting: retry shortly (503, Retry-After)
+    │   ├── UpstreamUnavailable    ... is starting or restarting: retry shortly (503, Retry-After)
     │   └── UpstreamTimeout        ... or did not answer in time (504)
     ├── EngineError                the embedded engine refused a control verb (e.g. a bad checkpoint)
     └── RequestError               the client's request is invalid (status is 4xx)

@@ -617,7 +617,7 @@ def _upstream_error(request: web.Request, exc: BaseException) -> UpstreamError:
         return UpstreamTimeout("upstream did not answer in time")
     ready = request.app[READY_KEY]
     if callable(ready) and isinstance(exc, aiohttp.ClientConnectorError) and not ready():
-        return UpstreamUnavailable("the model server is restarting; retry shortly")
+        return UpstreamUnavailable("the model server is not ready yet (starting or restarting); retry shortly")
     return UpstreamError(f"upstream unreachable: {type(exc).__name__}: {exc}")
 
 
