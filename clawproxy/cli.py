@@ -48,7 +48,8 @@ def main() -> None:
               help="The engine to start: vllm (default) or embedded (transformers; where vLLM does not install).")
 @click.option("--engine-port", type=int, default=None, help="Engine port (default 8081).")
 @click.option("--quantization", type=click.Choice(["auto", "none", "w4a16"]), default=None,
-              help="vLLM: serve 4-bit weights (w4a16) made from the model once; the trainer keeps the unquantized ones.")
+              help="vLLM: serve 4-bit weights (w4a16) made from the model once; the trainer keeps the unquantized "
+                   "ones. auto (default): w4a16 on a CPU without native bfloat16.")
 @click.option("--no-judge", is_flag=True, help="Do not run the judge worker.")
 @click.option("--no-train", is_flag=True, help="Do not run the trainer.")
 def start(config_path, data_dir, upstream, host, port, model, engine_kind, engine_port, quantization, no_judge,

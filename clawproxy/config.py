@@ -344,8 +344,7 @@ class Config:
         if self.trainer.finetune == "auto":
             self.trainer.finetune = named.finetune if named else "full"
         if self.engine.quantization == "auto":
-            # bfloat16 matmuls are emulated without AVX512-BF16/AMX: 4 bits win there on every figure
-            # (bench/results/issue37-serving.md); a named model is a local directory it can be made from
+            # emulated bfloat16 (no AVX512-BF16/AMX) is 3x slower to answer (bench/results/issue37-serving.md)
             emulated_bf16 = self.engine.device == "cpu" and self.engine.dtype == "bfloat16" and not cpu_has_bf16()
             self.engine.quantization = "w4a16" if (
                 named is not None and emulated_bf16 and self.engine.spec.serves_quantized
