@@ -141,7 +141,10 @@ def test_quantized_once_and_again_when_the_source_changes(small_model, tmp_path,
     assert quantize.quantized_model(small_model, None, "none") == small_model
 
 
-def test_the_config_refuses_quantization_where_it_cannot_serve():
+def test_the_config_refuses_quantization_where_it_cannot_serve(monkeypatch):
+    import clawproxy.config
+
+    monkeypatch.setattr(clawproxy.config, "cpu_has_bf16", lambda: True)  # auto's choice: test_quantization_auto
     assert load_config(None, {"engine.quantization": "w4a16"}).engine.quantization == "w4a16"
     assert load_config(None, {}).engine.quantization == "none"
     with pytest.raises(ConfigError, match="trainer.finetune: lora"):
