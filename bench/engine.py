@@ -193,7 +193,7 @@ def openclaw_turns(tokenizer, prompt_tokens: int) -> tuple[dict, list[dict], lis
         if drop:
             continue
         msgs = [{"role": "system", "content": "".join([*kept, sec])}, user, transient]
-        n = len(tokenizer(render_chat(tokenizer, msgs, tools), add_special_tokens=False)["input_ids"])
+        n = len(tokenizer(render_chat(tokenizer, msgs, tools, tools_as_text=True), add_special_tokens=False)["input_ids"])
         if n > prompt_tokens:
             continue  # a later, shorter section may still fit
         kept.append(sec)

@@ -88,7 +88,7 @@ def main() -> None:
             body = next(r.body for r in fake.received if r.path.endswith("/chat/completions"))
             tools = body.get("tools") or []
             chars = text_chars(body["messages"]) + (len(json.dumps(tools, separators=(",", ":"))) if tools else 0)
-            text = render_chat(tok, body["messages"], tools or None, add_generation_prompt=True)
+            text = render_chat(tok, body["messages"], tools or None, add_generation_prompt=True, tools_as_text=True)
             rows.append({"profile": profile, "window": window, "tools": len(tools),
                          "estimate": math.ceil(chars * 1.25 / 4),
                          "tokens": len(tok(text, add_special_tokens=False)["input_ids"]),

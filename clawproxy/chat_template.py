@@ -121,7 +121,7 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     *,
     add_generation_prompt: bool = True,
-    tools_as_text: bool = True,
+    tools_as_text: bool,
     **template_kwargs: Any,
 ) -> str:
     """The prompt text an engine generates from: ``normalize_messages`` + the model's chat

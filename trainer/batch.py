@@ -38,7 +38,7 @@ Each selected sample has a kind, recorded with it in ``trained_samples.kind`` so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawproxy.openclaw import is_ctx
@@ -63,7 +63,7 @@ class Sample:
     tools: list[dict[str, Any]] | None = None
     params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
     kind: str = "rl"  # rl | rl_opd | opd: which loss terms it gets (module docstring)
-    tools_as_text: bool = False  # how the serving engine rendered tools (EngineSpec.tools_as_text)
+    tools_as_text: bool = field(kw_only=True)  # how the serving engine rendered tools (EngineSpec.tools_as_text)
 
     @property
     def num_tokens(self) -> int:
@@ -86,7 +86,7 @@ def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
 
 
 def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000, *,
-                   owner: str | None = None, tools_as_text: bool = False) -> Selection:
+                   owner: str | None = None, tools_as_text: bool) -> Selection:
     """Read the candidates of ``owner``'s adapter (None: the shared one; ``Store.training_candidates``),
     oldest first, and split them into samples and rejects. ``current_version`` is where staleness
     is counted from on that owner's chain (``Store.stale_below`` + ``max_staleness``)."""

@@ -49,6 +49,7 @@ from aiohttp import web
 from clawproxy.chat_template import render_chat
 from clawproxy.edge import control_route, error_response
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
+from clawproxy.engine.spec import engine_spec
 from clawproxy.engine.tools import ToolCallStreamParser
 from clawproxy.errors import ClawproxyError, RequestError, error_body
 
@@ -247,6 +248,7 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
             messages,
             tools,
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            tools_as_text=engine_spec("embedded").tools_as_text,
             **template_kwargs,
         )
     except Exception as err:  # jinja errors, templates that reject a role order...

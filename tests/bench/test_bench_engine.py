@@ -13,7 +13,7 @@ def test_openclaw_prompt_has_the_size_and_shape_asked_for(default_model_dir):
     bench = bench_module("engine")
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     body, history, transient = bench.openclaw_turns(tokenizer, 2900)
-    n = len(tokenizer(render_chat(tokenizer, body["messages"], body["tools"]),
+    n = len(tokenizer(render_chat(tokenizer, body["messages"], body["tools"], tools_as_text=True),
                       add_special_tokens=False)["input_ids"])
     assert 2600 < n <= 2900
     assert [m["role"] for m in body["messages"]] == ["system", "user", "user"]

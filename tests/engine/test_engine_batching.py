@@ -90,7 +90,7 @@ def idle(engine: Engine) -> None:
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    return tokenizer(render_chat(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
+    return tokenizer(render_chat(tokenizer, messages, tools, tools_as_text=True), add_special_tokens=False)["input_ids"]
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def test_staleness_filter_drops_old_versions(store):
     old = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 1), weight_version=5)
     edge = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 2), weight_version=6)
     new = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 3), weight_version=10)
-    sel = select_samples(store, TrainerConfig(max_staleness=4), current_version=10)
+    sel = select_samples(store, TrainerConfig(max_staleness=4), current_version=10, tools_as_text=False)
     assert [s.turn_id for s in sel.samples] == [edge, new]
     assert sel.skipped == {old: "stale"}
 
@@ -45,15 +45,15 @@ def test_score_zero_never_fills_a_slot(store):
     plus = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 3), score=1)
     minus = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 4), score=-1)
 
-    rl = select_samples(store, TrainerConfig(method="rl"), 0)
+    rl = select_samples(store, TrainerConfig(method="rl"), 0, tools_as_text=False)
     assert [s.turn_id for s in rl.samples] == [plus, minus]
     assert rl.skipped == {zero: "score_0", zero_hint: "score_0"}
 
     # OPD: the hint is what matters; combined: a score or a hint.
-    opd = select_samples(store, TrainerConfig(method="opd"), 0)
+    opd = select_samples(store, TrainerConfig(method="opd"), 0, tools_as_text=False)
     assert [s.turn_id for s in opd.samples] == [zero_hint]
     assert opd.skipped[plus] == "no_hint"
-    comb = select_samples(store, TrainerConfig(method="combined"), 0)
+    comb = select_samples(store, TrainerConfig(method="combined"), 0, tools_as_text=False)
     assert [s.turn_id for s in comb.samples] == [zero_hint, plus, minus]
     assert comb.skipped == {zero: "score_0"}
 
@@ -69,7 +69,7 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
     side = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), trainable=0, kind="side")
     good = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 9))
 
-    sel = select_samples(store, TrainerConfig(max_seq_len=100), 0)
+    sel = select_samples(store, TrainerConfig(max_seq_len=100), 0, tools_as_text=False)
     assert [s.turn_id for s in sel.samples] == [good]
     assert sel.skipped == {
         missing: "missing_token_ids",
@@ -81,7 +81,7 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
     }
     assert unjudged not in sel.skipped and side not in sel.skipped
     store.record_skipped(sel.skipped)
-    again = select_samples(store, TrainerConfig(max_seq_len=100), 0)
+    again = select_samples(store, TrainerConfig(max_seq_len=100), 0, tools_as_text=False)
     assert again.skipped == {} and [s.turn_id for s in again.samples] == [good]
     sample = again.samples[0]
     assert sample.behaviour_logps == [-1.0] * 8 and sample.score == 1
@@ -99,16 +99,16 @@ def test_a_cut_off_answer_trains_by_distillation_only_when_it_has_a_hint(store):
     plain = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=1)
     zero_hint = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=0, hint="Shorter.")
 
-    sel = select_samples(store, TrainerConfig(), 0)
+    sel = select_samples(store, TrainerConfig(), 0, tools_as_text=False)
     assert {s.turn_id: s.kind for s in sel.samples} == {
         hinted[-1]: "opd", hinted[0]: "opd", finished: "rl_opd", plain: "rl", zero_hint: "opd"}
     assert sel.skipped == {t: "truncated" for t in bare.values()}
 
-    rl = select_samples(store, TrainerConfig(method="rl"), 0)
+    rl = select_samples(store, TrainerConfig(method="rl"), 0, tools_as_text=False)
     assert {s.turn_id: s.kind for s in rl.samples} == {finished: "rl", plain: "rl"}
     assert {rl.skipped[t] for t in (*hinted.values(), *bare.values())} == {"truncated"}
 
-    opd = select_samples(store, TrainerConfig(method="opd"), 0)
+    opd = select_samples(store, TrainerConfig(method="opd"), 0, tools_as_text=False)
     assert {s.kind for s in opd.samples} == {"opd"} and hinted[-1] in {s.turn_id for s in opd.samples}
 
 
@@ -116,7 +116,7 @@ def test_trained_samples_are_not_selected_again(store):
     t = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8))
     step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
     store.insert("trained_samples", {"turn_id": t, "step_id": step})
-    assert select_samples(store, TrainerConfig(), 0).samples == []
+    assert select_samples(store, TrainerConfig(), 0, tools_as_text=False).samples == []
 
 
 def test_repetition_detector(default_model_dir):
@@ -157,7 +157,7 @@ def test_teacher_prompt_is_the_recorded_prompt_plus_hint(default_model_dir, stor
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
     insert_turn(store, prompt_ids=list(prompt), completion_ids=_ids(8), messages=messages, hint="Answer in one word.")
-    sample = select_samples(store, TrainerConfig(), 0).samples[0]
+    sample = select_samples(store, TrainerConfig(), 0, tools_as_text=False).samples[0]
     teacher = teacher_prompt_ids(tok, sample)
     assert teacher is not None and len(teacher) > len(sample.prompt_ids)
     text = tok.decode(teacher)

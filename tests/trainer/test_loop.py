@@ -333,7 +333,7 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
 
     def sample(turn_id, score):
         return Sample(turn_id=turn_id, prompt_ids=[1], completion_ids=[2], behaviour_logps=[-1.0], score=score,
-                      hint=None, weight_version=0)
+                      hint=None, weight_version=0, tools_as_text=False)
 
     cfg, store = rig(baseline_window=4)
     tcfg = cfg.trainer
