@@ -215,24 +215,40 @@ async def test_compressed_bodies(rig):
 
 
 async def test_gzip_bomb_is_refused_early_without_stalling_others(make_rig):
+    """Four bombs inflate while a normal stream flows through the proxy: each is refused with 413
+    past the limit, and the stream never pauses for long (an inflate that held the loop would
+    pause it for as long as it ran)."""
     rig = await make_rig(**{"proxy.max_body_bytes": 4 * 1024 * 1024})
     bomb = gzip.compress(b"\0" * (200 * 1024 * 1024), 1)
+    release = asyncio.Event()
+
+    async def held_bomb():
+        yield bomb[:1024]  # inflates to far below the limit: the bomb is admitted and waits for the rest
+        await release.wait()
+        yield bomb[1024:]
 
     async def send_bomb():
-        async with rig.client.post(rig.url + "/v1/chat/completions", data=bomb, headers={
+        async with rig.client.post(rig.url + "/v1/chat/completions", data=held_bomb(), headers={
                 "Content-Encoding": "gzip", "Content-Type": "application/json"}) as r:
             return r.status, await r.json()
 
-    async def normal():
-        # Sent once a bomb is in: were it first, it would finish before any inflating began.
-        await until(lambda: rig.app[STATS_KEY].requests >= 1, "the proxy to admit a bomb")
-        t = time.perf_counter()
-        status, _, _ = await rig.chat(_body("meanwhile"))
-        return status, time.perf_counter() - t
-
-    *bombs, (status, took) = await asyncio.gather(*[send_bomb() for _ in range(4)], normal())
-    assert all(b[0] == 413 and b[1]["error"]["code"] == "request_too_large" for b in bombs)
-    assert status == 200 and took < 2.0, took
+    bombs = asyncio.gather(*[send_bomb() for _ in range(4)])
+    await until(lambda: rig.app[STATS_KEY].in_flight == 4, "the proxy to admit the four bombs")
+    # Long enough to outlast the bombs; read only until they are refused.
+    async with rig.client.post(rig.url + "/v1/chat/completions", json=_body("meanwhile"),
+                               headers={"x-fake-chunks": "5000", "x-fake-delay-ms": "5"}) as r:
+        assert r.status == 200
+        await r.content.readline()
+        release.set()
+        arrivals = [time.perf_counter()]
+        async for _ in r.content:
+            arrivals.append(time.perf_counter())
+            if bombs.done():
+                break
+    assert bombs.done(), "the stream ended before the bombs were refused: it measured nothing"
+    assert all(b[0] == 413 and b[1]["error"]["code"] == "request_too_large" for b in bombs.result())
+    longest = max(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    assert longest < 0.5, f"the stream paused {longest:.2f} s while the bombs inflated"
 
 
 # -- 10: an upstream that dies mid-stream or sends garbage ------------------------------------------
