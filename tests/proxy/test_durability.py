@@ -87,12 +87,12 @@ async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
     fake = FakeUpstream()
     up = await aiohttp_server(fake.app())
     data = tmp_path / "data"
-    with held_port() as port:
-        proc = subprocess.Popen(
+    # leaving the with closes the output pipe (the proxy is reaped first, below)
+    with held_port() as port, subprocess.Popen(
             [sys.executable, "-m", "clawproxy.proxy", "--upstream", str(up.make_url("")).rstrip("/"),
              "--port", str(port), "--data-dir", str(data), "--log-level", "WARNING"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
+    ) as proc:
         base = f"http://127.0.0.1:{port}"
         try:
             async with aiohttp.ClientSession() as client:
