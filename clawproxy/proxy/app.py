@@ -149,6 +149,31 @@ def _install_log_filters() -> None:
 ROUTER_KEY = web.AppKey("clawproxy_router", ModelRouter)
 
 
+class NotReadyLog:
+    """The 503s of one period the model server is not ready: the first at WARNING, the rest at
+    DEBUG, their count at INFO once the upstream answers again (clients that poll a starting
+    engine would otherwise log hundreds of identical lines)."""
+
+    def __init__(self) -> None:
+        self.refused = 0  # 503s since the upstream last answered
+
+    def refuse(self, err: UpstreamUnavailable) -> None:
+        self.refused += 1
+        if self.refused == 1:
+            log.warning("upstream failure (%d): %s (further 503s at debug level until it answers)",
+                        err.status, err.message)
+        else:
+            log.debug("upstream failure (%d): %s", err.status, err.message)
+
+    def answered(self) -> None:
+        if self.refused:
+            log.info("the model server answers; %d request(s) got 503 while it was not ready", self.refused)
+            self.refused = 0
+
+
+NOT_READY_KEY = web.AppKey("clawproxy_not_ready_log", NotReadyLog)
+
+
 def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None) -> web.Application:
     """Build the proxy application for ``cfg.proxy.upstream``.
 
@@ -168,6 +193,7 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app[CONFIG_KEY] = cfg
     app[ROUTES_KEY] = _route_matcher(cfg.proxy.extra_routes)
     app[READY_KEY] = upstream_ready
+    app[NOT_READY_KEY] = NotReadyLog()
     app[STATS_KEY] = ProxyStats(started_at=time.time())
     app[METRICS_KEY] = ProxyMetrics(lambda: app[RECORDER_KEY].stats(), lambda: app[STATS_KEY],
                                     cfg.db_path)
@@ -503,7 +529,9 @@ async def _forward(request: web.Request, tap: Tap) -> web.StreamResponse:
                         else "client disconnected while sending the body")
         raise
     except ClawproxyError as e:  # the client's request or the upstream failed: a JSON error
-        if isinstance(e, UpstreamError):
+        if isinstance(e, UpstreamUnavailable):
+            request.app[NOT_READY_KEY].refuse(e)
+        elif isinstance(e, UpstreamError):
             log.warning("upstream failure (%d): %s", e.status, e.message)
         tap.fail(e.status, e.message)
         resp = error_response(e)
@@ -588,7 +616,7 @@ async def _ask(request: web.Request, body: bytes, tap: Tap, drop_auth: bool) -> 
     url = URL((app[CONFIG_KEY].proxy.upstream or "") + request.raw_path, encoded=True)
     t0 = time.perf_counter()
     try:
-        return await app[UPSTREAM_KEY].request(
+        up = await app[UPSTREAM_KEY].request(
             request.method, url, headers=_request_headers(
                 request.headers, drop_auth, app[CONFIG_KEY].engine.control_token if app[ROUTER_KEY].active else None),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
@@ -598,6 +626,8 @@ async def _ask(request: web.Request, body: bytes, tap: Tap, drop_auth: bool) -> 
         raise _upstream_error(request, e) from e
     finally:
         tap.waited(time.perf_counter() - t0)
+    app[NOT_READY_KEY].answered()
+    return up
 
 
 async def _read_answer(request: web.Request, up: aiohttp.ClientResponse, tap: Tap) -> bytes:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from clawproxy.proxy.app import STATS_KEY
 from tests.net import held_port
 from tests.proxy.test_proxy_forwarding import _body
+from tests.rig.fake_upstream import FakeUpstream
 from tests.waits import until
 
 
@@ -39,6 +42,38 @@ async def test_engine_restarting_is_503_with_retry_after(make_rig):
         status, headers, raw = await rig.chat(_body())
     assert status == 503 and headers["Retry-After"] == "1"
     _is_openai_error(raw)
+
+
+async def test_polls_of_a_starting_engine_log_one_warning_per_not_ready_period(make_rig, caplog):
+    caplog.set_level(logging.DEBUG, logger="clawproxy.proxy")
+
+    def not_ready() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "not ready yet" in r.getMessage() and r.levelno >= logging.WARNING]
+
+    def polled(n: int):
+        return asyncio.gather(*[rig.client.get(rig.url + "/v1/models") for _ in range(n)])
+
+    with held_port() as port:
+        rig = await make_rig(upstream=f"http://127.0.0.1:{port}", upstream_ready=lambda: False)
+        for r in await polled(50):
+            assert r.status == 503
+            r.release()
+        assert len(not_ready()) == 1
+        # the engine is up: the next answer ends the period, with its count
+        runner = web.AppRunner(FakeUpstream().app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+        try:
+            async with rig.client.get(rig.url + "/v1/models") as r:
+                assert r.status == 200
+        finally:
+            await runner.cleanup()
+        assert "50 request(s) got 503" in caplog.text
+        # a restart: one more warning, however many polls
+        for r in await polled(20):
+            assert r.status == 503
+            r.release()
+    assert len(not_ready()) == 2
 
 
 async def test_upstream_timeout_is_504(make_rig):
