@@ -248,7 +248,7 @@ async def test_gzip_bomb_is_refused_early_without_stalling_others(make_rig):
     assert bombs.done(), "the stream ended before the bombs were refused: it measured nothing"
     assert all(b[0] == 413 and b[1]["error"]["code"] == "request_too_large" for b in bombs.result())
     longest = max(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
-    assert longest < 0.5, f"the stream paused {longest:.2f} s while the bombs inflated"
+    assert longest < 1.0, f"the stream paused {longest:.2f} s while the bombs inflated"
 
 
 # -- 10: an upstream that dies mid-stream or sends garbage ------------------------------------------
