@@ -1,9 +1,15 @@
-"""End to end with a real engine process: judged turns from the engine's own completions, one
-training step, publish, reload; the engine serves the new version and no request fails meanwhile."""
+"""The embedded engine's own publish tests, with it as a real process: judged turns from its own
+completions, one training step, publish, reload; it serves the new version (its answers say which)
+and no request fails meanwhile; it refuses a checkpoint of another architecture atomically, and the
+trainer records the refused step. The end-to-end path, on the real vLLM, is
+tests/engine/test_vllm_real.py's ``test_trainer_step_publishes_into_real_vllm``.
+"""
 
 from __future__ import annotations
 
 import threading
+
+import pytest
 
 from clawproxy.config import load_config
 from clawproxy.engine.client import EngineClient
@@ -14,6 +20,18 @@ from tests.trainer.util import insert_turn
 QUESTIONS = ["What is 2+2?", "Name a fruit.", "Say hello.", "What color is the sky?"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The trainer here shares the CPU with the engine process: one torch thread, as
+    tests/trainer/conftest.py gives the trainer tests."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _completion(url: str, question: str, seed: int) -> tuple[list, dict]:
     messages = [{"role": "user", "content": question}]
     r = chat(url, {"model": "m", "messages": messages, "max_tokens": 12, "temperature": 1.0, "seed": seed,
@@ -22,7 +40,7 @@ def _completion(url: str, question: str, seed: int) -> tuple[list, dict]:
     return messages, r.json()
 
 
-def test_train_step_publishes_into_running_engine(tmp_path, tiny_model_dir):
+def test_train_step_publishes_into_the_embedded_engine(tmp_path, tiny_model_dir):
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.kind": "embedded", "engine.model": str(tiny_model_dir),
                              "trainer.batch_size": 4, "trainer.learning_rate": 1e-3})
     store = Store(cfg.db_path)
@@ -78,8 +96,8 @@ def test_train_step_publishes_into_running_engine(tmp_path, tiny_model_dir):
     store.close()
 
 
-def test_lora_adapter_publishes_into_running_engine(tmp_path, tiny_model_dir):
-    """LoRA: the adapter directory is what the engine loads (merged into its base weights)."""
+def test_lora_adapter_publishes_into_the_embedded_engine(tmp_path, tiny_model_dir):
+    """LoRA: the adapter directory is what the embedded engine loads (merged into its base weights)."""
     cfg = load_config(None, {"data_dir": str(tmp_path / "data"), "engine.kind": "embedded", "engine.model": str(tiny_model_dir),
                              "trainer.batch_size": 2, "trainer.learning_rate": 1e-2,
                              "trainer.finetune": "lora", "trainer.canary_max_tokens": 8,
