@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Replies the chooser reads (repeatable; default 1, 3 and 5).")
     p.add_argument("--engine-url", default=None, help="Re-rank the shortlist with this engine's model.")
     p.add_argument("--model", default=None, help="The engine's model name (default: its first).")
+    p.add_argument("--chooser", default="pmi", choices=("pmi", "channel"),
+                   help="How the engine's model ranks the shortlist (judge.hints.InstructionChooser).")
     p.add_argument("--out", default=None, help="Write the picks as JSON here.")
     return p.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from judge.voters import LLMVoter
 
         logprobs = LLMVoter(args.engine_url, args.model, temperature=0.0).continuation_logprobs
-    chooser = InstructionChooser(logprobs)
+    chooser = InstructionChooser(logprobs, method=args.chooser)
     out = []
     for name in args.persona or list(PREFERENCES):
         pref = PREFERENCES[name]

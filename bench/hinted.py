@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Replies the memory conditions see: this answer's and the ones before it.")
     p.add_argument("--no-llm-choice", action="store_true",
                    help="Choose the instruction by the embedding shortlist alone, even with --engine-url.")
+    p.add_argument("--chooser", default="pmi", choices=("pmi", "channel"),
+                   help="How the engine's model ranks the shortlist (judge.hints.InstructionChooser).")
     p.add_argument("--only", action="append", default=None,
                    help="Run only these conditions (repeatable; untold always runs).")
     p.add_argument("--out", default=None, help="Write the results (answers included) as JSON here.")
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         llm = LLMVoter(args.engine_url, model_name, temperature=0.0, max_tokens=60)
         writer = HintWriter(llm)
         if not args.no_llm_choice:
-            chooser = InstructionChooser(llm.continuation_logprobs)
+            chooser = InstructionChooser(llm.continuation_logprobs, method=args.chooser)
 
         def answer(texts: list[str]) -> list[str]:
             comps = asyncio.run(_answer_via(args.engine_url, texts, model_name, args.max_tokens))

@@ -176,6 +176,10 @@ INSTRUCTIONS_PATH = Path(__file__).resolve().parent / "data" / "instructions.txt
 CHOOSER_PROMPT = ("A user of an AI assistant replied to its earlier answers:\n{said}\n"
                   "The one instruction that would have made those answers right for this user:")
 CHOOSER_PRIOR = "A user of an AI assistant gave it one instruction:"  # the same candidates, no reactions
+# the noisy channel: how likely each reply is from a user who had asked for the instruction
+CHANNEL_FRAME = ("A user told an AI assistant: \"{instruction}\" The assistant's next answer did not do that. "
+                 "The user replied:")
+CHANNEL_PRIOR = "A user read an AI assistant's answer. The user replied:"
 
 
 def load_instructions(path: Path = INSTRUCTIONS_PATH) -> list[str]:
@@ -194,11 +198,19 @@ class InstructionChooser:
     log p(instruction | no reactions): pointwise mutual information, so an instruction likely
     anywhere does not win by that alone; the winner needs ``min_gain``. Without an LLM the nearest
     instruction wins if its cosine reaches ``min_similarity``. None: nothing fits (keep the quote).
+
+    ``method="channel"`` scores the other way round: the mean over the reactions of log p(reaction |
+    a user who had asked for the instruction) - log p(reaction | any user), as noisy-channel
+    prompting does: a small model predicts a reply from its cause better than it names the cause.
     """
 
     def __init__(self, logprobs: Callable[[str, list[str]], list[float]] | None = None,
                  instructions: list[str] | None = None, *, embed: Callable[[list[str]], Any] | None = None,
-                 shortlist: int = 16, min_gain: float = 1.0, min_similarity: float = 0.35) -> None:
+                 shortlist: int = 16, min_gain: float = 1.0, min_similarity: float = 0.35,
+                 method: str = "pmi") -> None:
+        if method not in ("pmi", "channel"):
+            raise ValueError(f"unknown chooser method {method!r}; use 'pmi' or 'channel'")
+        self.method = method
         self.logprobs = logprobs
         self.instructions = instructions if instructions is not None else load_instructions()
         self.embed = embed
@@ -234,12 +246,24 @@ class InstructionChooser:
         if self.logprobs is None:
             return near
         cands = [x for _, x in near]
+        if self.method == "channel":
+            return self._channel(reactions, cands)
         todo = [x for x in cands if x not in self._prior]
         if todo:
             self._prior.update(zip(todo, self.logprobs(CHOOSER_PRIOR, [" " + x for x in todo]), strict=True))
         said = "\n".join(f"- {_quote(r)}" for r in reactions)
         given = self.logprobs(CHOOSER_PROMPT.format(said=said), [" " + x for x in cands])
         return sorted(((g - self._prior[x], x) for g, x in zip(given, cands, strict=True)), key=lambda t: -t[0])
+
+    def _channel(self, reactions: list[str], cands: list[str]) -> list[tuple[float, str]]:
+        assert self.logprobs is not None
+        said = [" " + _quote(r) for r in reactions]
+        base = self.logprobs(CHANNEL_PRIOR, said)
+        scored = []
+        for x in cands:
+            lp = self.logprobs(CHANNEL_FRAME.format(instruction=x), said)
+            scored.append((sum(a - b for a, b in zip(lp, base, strict=True)) / len(said), x))
+        return sorted(scored, key=lambda t: -t[0])
 
     def choose(self, reactions: list[str]) -> str | None:
         ranked = self.ranked(reactions)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from judge.extract import JudgeInput
 from judge.hints import (
+    CHANNEL_PRIOR,
     CHOOSER_PRIOR,
     InstructionChooser,
     examples_hint,
@@ -56,6 +59,24 @@ def test_the_chooser_takes_the_instruction_the_replies_make_likely_not_the_likel
     assert chooser.choose(["use formal language"]) is None
     assert chooser.choose(["hmm"]) is None  # nothing fits: the caller keeps the quote
     assert chooser.choose([]) is None
+
+
+def channel_logprobs(prefix: str, texts: list[str]) -> list[float]:
+    """A stand-in model for the channel: a reply is likelier the more of its words the instruction in
+    the prefix holds; with no instruction every reply is equally likely."""
+    if prefix == CHANNEL_PRIOR:
+        return [-20.0] * len(texts)
+    words = set(prefix.lower().replace('"', " ").split())
+    return [-20.0 + 3.0 * len(words & set(t.lower().split())) for t in texts]
+
+
+def test_the_channel_chooser_takes_the_instruction_that_explains_the_replies():
+    chooser = InstructionChooser(channel_logprobs, BANK, method="channel", min_gain=1.0)
+    ranked = chooser.ranked(["keep it under 50 words please", "answers too long"])
+    assert ranked[0][1] == "Keep answers under 50 words." and ranked[0][0] > ranked[1][0]
+    assert chooser.choose(["hmm"]) is None  # no instruction makes it likelier: keep the quote
+    with pytest.raises(ValueError, match="'pmi' or 'channel'"):
+        InstructionChooser(channel_logprobs, BANK, method="vote")
 
 
 def test_the_worker_hint_reads_the_same_users_earlier_complaints(store):
