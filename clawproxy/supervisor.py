@@ -1,10 +1,12 @@
 """`clawproxy start`: the proxy in this process, the engine, judge and trainer as supervised children.
 
 Each child is a real process with its own log under ``<data_dir>/logs/`` (appended, never wiped). A
-child that dies is restarted with exponential backoff; while the embedded engine is down the proxy
-answers a JSON 503 at once instead of hanging. Children get SIGTERM when the supervisor stops and,
-through ``PR_SET_PDEATHSIG``, also when it is killed outright, so nothing is orphaned. The proxy's
-recorder is drained on shutdown (the aiohttp cleanup context), so no recorded turn is lost.
+child that dies is restarted with exponential backoff; while the engine is down the proxy answers a
+JSON 503 at once instead of hanging. Children get SIGTERM when the supervisor stops and, through
+``PR_SET_PDEATHSIG``, also when it is killed outright. Each child leads its own process group, and
+what it leaves there when it exits (vLLM's engine core and workers) is killed, so nothing is
+orphaned. The proxy's recorder is drained on shutdown (the aiohttp cleanup context), so no recorded
+turn is lost.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class Child:
             probe = asyncio.create_task(self._probe(), name=f"probe:{self.name}")
             try:
                 code = await self.proc.wait()
+                _kill_group(self.proc.pid)
             finally:
                 probe.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -120,10 +123,18 @@ class Child:
                 log.warning("%s did not stop in %.0f s; killing it", self.name, STOP_GRACE_S)
                 proc.kill()
                 await proc.wait()
+            _kill_group(proc.pid)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _kill_group(pgid: int) -> None:
+    """Kill what a child that has exited left in its process group: vLLM's engine core and workers
+    outlive a killed API server (PDEATHSIG reaches the child alone), holding the model's memory."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 LOG_MAX_BYTES = 10 * 1024 * 1024
