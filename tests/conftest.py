@@ -3,7 +3,8 @@
 - ``default_model_dir``: the bundled SmolLM2-135M-Instruct converted to safetensors once and cached
   in ``$CLAWPROXY_MODEL_CACHE`` (default ``~/.cache/clawproxy/models``) across test runs.
 - ``tiny_model_dir``: a random-init 2-layer Llama with SmolLM2's tokenizer and chat template, for
-  tests where the weights' quality is not the point.
+  tests where the weights' quality is not the point; ``tiny_vllm_model_dir``: the same with
+  attention heads the real vLLM serves.
 """
 
 from __future__ import annotations
@@ -33,23 +34,31 @@ def default_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny_llama(default_model_dir, tmp_path_factory.mktemp("tiny-model"), hidden_size=64,
+                       intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # heads of 64, as SmolLM2's: vLLM's CPU attention serves none under 32 (tiny_model_dir's are 16)
+    return _tiny_llama(default_model_dir, tmp_path_factory.mktemp("tiny-vllm-model"), hidden_size=128,
+                       intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
+
+
+def _tiny_llama(default_model_dir: Path, out: Path, **sizes: int) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny-model")
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **sizes,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

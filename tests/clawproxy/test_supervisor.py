@@ -1,7 +1,9 @@
-"""`clawproxy start` end to end: real processes, the tiny model, the official openai SDK."""
+"""`clawproxy start` end to end: real processes, the real vLLM serving the tiny model, the official openai SDK."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -10,17 +12,26 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clawproxy.store import Store
-from tests.net import held_port
+from tests.net import held_port, stop
+from tests.rig.vllm_engine import engine_settings, require_vllm
 
 
 def children_of(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
+
+
+def descendants_of(pid: int) -> list[int]:
+    kids = children_of(pid)
+    return kids + [d for k in kids for d in descendants_of(k)]
 
 
 def alive(pid: int) -> bool:
@@ -61,67 +72,81 @@ def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
     raise AssertionError(f"{url} not ready in {timeout} s (last: {last!r})")
 
 
-@pytest.fixture
-def stack(tmp_path, tiny_model_dir):
-    data = tmp_path / "data"
-    with held_port() as port, held_port() as engine_port:
+MODEL = "tiny"
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen
+    port: int
+    engine_port: int
+    data: Path
+    out: Path  # the supervisor's stdout and stderr
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_vllm_model_dir) -> Iterator[Stack]:
+    """`clawproxy start` with the real vLLM serving the tiny model, no judge, no trainer. Starting
+    vLLM takes a minute on a 2-core CPU, under this fixture's own deadline, so the two tests below
+    share it: the engine-crash test leaves it serving again, the next one stops it."""
+    require_vllm()
+    root = tmp_path_factory.mktemp("supervisor")
+    data, config, out = root / "data", root / "config.yaml", root / "clawproxy.out"
+    config.write_text(yaml.safe_dump({"engine": engine_settings(
+        tiny_vllm_model_dir, served_model_name=MODEL, max_model_len=512, threads=1)}))
+    with held_port() as port, held_port() as engine_port, open(out, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "clawproxy.cli", "start", "--engine", "embedded", "--model", str(tiny_model_dir),
-             "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
-             "--no-judge", "--no-train"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "clawproxy.cli", "start", "--config", str(config), "--port", str(port),
+             "--engine-port", str(engine_port), "--data-dir", str(data), "--no-judge", "--no-train"],
+            stdout=log, stderr=subprocess.STDOUT, text=True,
         )
         try:
-            wait_http(f"http://127.0.0.1:{engine_port}/health")
-            wait_http(f"http://127.0.0.1:{port}/v1/models")
-            yield proc, port, engine_port, data
+            try:
+                wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=600)  # 200 once vLLM is up
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{out.read_text()[-2000:]}\n{_engine_log(data)}") from None
+            yield Stack(proc, port, engine_port, data, out)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            stop(proc)
 
 
-def test_start_serves_records_and_stops_cleanly(stack):
-    from openai import OpenAI
-
-    proc, port, engine_port, data = stack
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
-    stream = client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "Say hi."}], stream=True,
-        max_tokens=8, extra_headers={"session_id": "s-sup:0"},
-    )
-    chunks = list(stream)
-    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
-    kids = children_of(proc.pid)
-    assert kids, "the engine runs as a child process"
-
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
-    assert not [k for k in kids if alive(k)], "no orphaned children"
-    turns = Store(data / "clawproxy.db").query("SELECT * FROM turns")
-    assert len(turns) == 1 and turns[0]["session_id"] == "s-sup"
+def _engine_log(data: Path) -> str:
+    log = data / "logs" / "engine.log"
+    return log.read_text()[-3000:] if log.exists() else ""
 
 
-def test_engine_crash_gives_503_then_recovers(stack):
-    proc, port, engine_port, data = stack
-    (engine_pid,) = children_of(proc.pid)
+@dataclass
+class Crash:
+    status: int  # what a request got at once, after the supervisor saw the engine die
+    body: bytes
+    answered_s: float
+    family: list[int]  # the engine's own processes (vLLM's engine core, its worker)
+    left: list[int]  # those still alive once the restarted engine serves
+
+
+@pytest.fixture
+def crashed(stack) -> Iterator[Crash]:
+    """The engine SIGKILLed by its pid, as the supervisor sees it; what a request gets at once, then
+    the restarted engine serving through the proxy again, waited for here, under this fixture's own
+    deadline: a vLLM restart can take most of the 120 s a test body gets."""
+    (engine_pid,) = children_of(stack.proc.pid)
+    family = descendants_of(engine_pid)
     os.kill(engine_pid, signal.SIGKILL)
-    log = data / "logs" / "clawproxy.log"  # written after the supervisor marks the engine not ready
+    log = stack.data / "logs" / "clawproxy.log"  # written after the supervisor marks the engine not ready
     wait_until("the supervisor saw the engine die", lambda: "engine exited with code -9" in log.read_text())
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        data=b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}',
+        f"http://127.0.0.1:{stack.port}/v1/chat/completions",
+        data=json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode(),
         headers={"content-type": "application/json"},
     )
     t0 = time.monotonic()
     try:
-        urllib.request.urlopen(req, timeout=10)
-        raise AssertionError("expected 503 while the engine restarts")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            status, body = r.status, r.read()
     except urllib.error.HTTPError as e:
-        assert e.code == 503
-        assert b'"error"' in e.read()
-    assert time.monotonic() - t0 < 2, "answered at once, did not hang"
+        status, body = e.code, e.read()
+    answered = time.monotonic() - t0
+
     def serves() -> bool:  # 503 until the supervisor's readiness probe sees the new engine
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
@@ -130,7 +155,44 @@ def test_engine_crash_gives_503_then_recovers(stack):
             assert e.code == 503, e.code
             return False
 
-    wait_until("the restarted engine serves through the proxy", serves, timeout=120)
+    wait_until("the restarted engine serves through the proxy", serves, timeout=600)
+    left = [p for p in family if alive(p)]
+    yield Crash(status, body, answered, family, left)
+    for pid in left:  # ours: a failing run does not leave them holding the model's memory
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_engine_crash_gives_503_then_recovers(crashed):
+    assert crashed.status == 503, "expected 503 while the engine restarts"
+    assert b'"error"' in crashed.body
+    assert crashed.answered_s < 2, "answered at once, did not hang"
+    assert crashed.family and crashed.left == [], "the dead engine's vLLM processes went with it"
+
+
+def test_start_serves_records_and_stops_cleanly(stack):
+    from openai import OpenAI
+
+    proc = stack.proc
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.port}/v1", api_key="sk-test")
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], stream=True,
+        max_tokens=8, extra_headers={"session_id": "s-sup:0"},
+    )
+    chunks = list(stream)
+    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    kids = children_of(proc.pid)
+    assert kids, "the engine runs as a child process"
+    family = descendants_of(proc.pid)  # vLLM's own processes (its engine core) included
+
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    out = stack.out.read_text()
+    assert proc.returncode == 0, out
+    assert not [k for k in family if alive(k)], "no orphaned children"
+    turns = Store(stack.data / "clawproxy.db").query("SELECT * FROM turns")
+    said = [t for t in turns if "Say hi." in str(t["request_messages"])]  # not the crash test's turns
+    assert len(said) == 1 and said[0]["session_id"] == "s-sup"
 
 
 @pytest.mark.parametrize("flag", ["--port", "--engine-port"])

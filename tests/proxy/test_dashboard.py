@@ -4,11 +4,12 @@
 The stack is built once per module, the way a user's data comes about:
 1. ``clawproxy start --upstream <fake>`` (``python -m tests.rig.fake_upstream``) with the judge
    (lexical voter) records two conversations and judges them; then it is stopped.
-2. ``clawproxy start --model <tiny>`` on the same data dir runs the embedded engine, the judge and
-   the real trainer, which trains two steps on those judged turns and publishes v1 and v2 into the
-   engine; this process serves the dashboard the browser reads.
+2. ``clawproxy start`` on the same data dir runs the real vLLM serving the tiny model, the judge and
+   the real trainer, which trains two steps on those judged turns and publishes v1 and v2 into
+   vLLM; this process serves the dashboard the browser reads.
 Two starts, because the fake upstream has no weights to reload, and the tiny random model's answers
-never end by themselves (each would be a cut-off, untrainable turn).
+never end by themselves (each would be a cut-off, untrainable turn). Without a vLLM build the
+browser tests skip.
 
 Screenshots of every page go to ``$CLAWPROXY_ARTIFACTS`` (default: a pytest temp dir).
 """
@@ -29,16 +30,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from clawproxy.engine.client import EngineClient
 from clawproxy.store import Store
 from tests.clawproxy.test_supervisor import wait_http, wait_until
 from tests.net import held_port, stop
 from tests.rig.proc_rig import FakeProc
+from tests.rig.vllm_engine import engine_settings, require_vllm
 from tests.waits import assert_stays_sync, until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+MODEL = "tiny"  # the name vLLM serves the tiny model under
 SAID_NO_WINDOW_S = 0.5  # how long the test watches the serving version after the user says no to a rollback
 
 # Two conversations; each user message after the first is the previous answer's next state.
@@ -64,7 +69,7 @@ def _start(args: list[str], log: Path) -> Iterator[subprocess.Popen]:
 def _chat(port: int, messages: list[dict[str, Any]], session: str, **extra: Any) -> tuple[dict, Any]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
-        data=json.dumps({"model": "m", "messages": messages, **extra}).encode(),
+        data=json.dumps({"model": MODEL, "messages": messages, **extra}).encode(),
         headers={"Content-Type": "application/json", "session_id": session})
     with _OPENER.open(req, timeout=120) as r:
         return json.loads(r.read()), r.headers
@@ -88,14 +93,15 @@ def _latest_version(data: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, Any]]:
+def stack(tmp_path_factory, tiny_vllm_model_dir) -> Iterator[dict[str, Any]]:
+    require_vllm()
     base = tmp_path_factory.mktemp("dashboard")
     data = base / "data"
     cfg = base / "config.yaml"
-    cfg.write_text(
-        f"engine:\n  kind: embedded\n  model: {tiny_model_dir}\n  threads: 1\n"
-        "judge:\n  voter: lexical\n  poll_interval_s: 0.2\n"
-        "trainer:\n  batch_size: 2\n  learning_rate: 0.001\n  poll_interval_s: 0.5\n  threads: 1\n")
+    cfg.write_text(yaml.safe_dump({
+        "engine": engine_settings(tiny_vllm_model_dir, served_model_name=MODEL, max_model_len=512, threads=1),
+        "judge": {"voter": "lexical", "poll_interval_s": 0.2},
+        "trainer": {"batch_size": 2, "learning_rate": 0.001, "poll_interval_s": 0.5, "threads": 1}}))
     fake = FakeProc()
     try:
         with held_port() as port, _start(["--upstream", fake.url, "--port", str(port), "--data-dir", str(data),
@@ -115,7 +121,12 @@ def stack(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, Any]]:
     with held_port() as port, held_port() as engine_port, _start(
             ["--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(data),
              "--config", str(cfg)], base / "serve.log") as proc:
-        wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=120)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=600)  # 200 once vLLM is up
+        except AssertionError as e:
+            engine_log = data / "logs" / "engine.log"
+            raise AssertionError(f"{e}\n{(base / 'serve.log').read_text()[-2000:]}\n"
+                                 f"{engine_log.read_text()[-3000:] if engine_log.exists() else ''}") from None
 
         def trained() -> bool:
             assert proc.poll() is None, (base / "serve.log").read_text()[-3000:]
@@ -123,7 +134,7 @@ def stack(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, Any]]:
                 return s.latest_weight_version() >= 2
 
         wait_until("the trainer published v2", trained, timeout=150)
-        yield {"port": port, "data": data, "url": f"http://127.0.0.1:{port}/clawproxy/ui"}
+        yield {"port": port, "engine_port": engine_port, "data": data, "url": f"http://127.0.0.1:{port}/clawproxy/ui"}
 
 
 @pytest.fixture(scope="module")
@@ -337,10 +348,17 @@ def test_rollback_asks_first_then_does_what_clawproxy_rollback_does(stack, brows
         assert s.latest_weight_version() == 3
         (event,) = s.events_of("rollback")
         assert event["data"] == {"from": 2, "to": 1, "new_version": 3, "engine": True}
-    # the engine serves it: a request through the proxy comes back from v3
-    body, headers = _chat(stack["port"], [{"role": "user", "content": "which version?"}], "dash-after",
-                          max_tokens=2)
-    assert headers["x-weight-version"] == "3" and body["weight_version"] == 3
+    # vLLM serves it (its /weight_info), and a request through the proxy is recorded as answered by v3
+    engine = EngineClient(f"http://127.0.0.1:{stack['engine_port']}", kind="vllm")
+    assert engine.weight_version() == 3
+    _chat(stack["port"], [{"role": "user", "content": "which version?"}], "dash-after", max_tokens=2)
+
+    def recorded(_: Any) -> list[dict[str, Any]]:
+        with contextlib.closing(_store(stack["data"])) as s:
+            return s.session_turns("dash-after")
+
+    (turn,) = _until(browser, "the recorder stored the turn", recorded)
+    assert turn["weight_version"] == 3
     _shot(browser, artifacts, "versions-after-rollback")
     browser.close()
     browser.switch_to.window(learning_tab)
