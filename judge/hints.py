@@ -201,7 +201,7 @@ class InstructionChooser:
 
     ``method="channel"`` scores the other way round: the mean over the reactions of log p(reaction |
     a user who had asked for the instruction) - log p(reaction | any user), as noisy-channel
-    prompting does: a small model predicts a reply from its cause better than it names the cause.
+    prompting (Min et al., 2022) scores labels by the text they explain.
     """
 
     def __init__(self, logprobs: Callable[[str, list[str]], list[float]] | None = None,
