@@ -7,14 +7,13 @@ tests/engine/test_vllm_real.py's ``test_trainer_step_publishes_into_real_vllm``.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from clawproxy.config import load_config
 from clawproxy.engine.client import EngineClient
 from clawproxy.store import Store
 from tests.rig.engine_proc import chat, engine_process
+from tests.rig.traffic import train_while_users_talk
 from tests.trainer.util import insert_turn
 
 QUESTIONS = ["What is 2+2?", "Name a fruit.", "Say hello.", "What color is the sky?"]
@@ -61,24 +60,11 @@ def test_train_step_publishes_into_the_embedded_engine(tmp_path, tiny_model_dir)
         from trainer.loop import Trainer
 
         trainer = Trainer(cfg, store, engine)
-        failures: list[str] = []
-        stop = threading.Event()
+        def send() -> tuple[int, str]:
+            r = chat(url, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            return r.status_code, r.text
 
-        def traffic() -> None:  # users keep talking while the trainer trains and swaps weights
-            n = 0
-            while not stop.is_set():
-                r = chat(url, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-                if r.status_code != 200:
-                    failures.append(f"{r.status_code} {r.text[:200]}")
-                n += 1
-
-        t = threading.Thread(target=traffic, name="user-traffic")
-        t.start()
-        try:
-            (result,) = trainer.run(steps=1)
-        finally:
-            stop.set()
-            t.join(60)
+        result, failures = train_while_users_talk(trainer, send)
         assert result.status == "published", result.metrics.get("gate")
         # the trainer's log-probs of the recorded tokens match the engine's: ratio ~ 1 on-policy
         assert abs(result.metrics["ratio_mean"] - 1) < 1e-2 and result.metrics["kl_behaviour"] < 1e-3

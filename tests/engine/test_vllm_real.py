@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -27,6 +26,7 @@ import pytest
 import yaml
 
 from tests.net import held_port, stop
+from tests.rig.traffic import train_while_users_talk
 from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
 from tests.rig.vllm_contract import Target, ask, chat
 from tests.rig.vllm_engine import engine_settings, require_vllm
@@ -190,25 +190,12 @@ def test_trainer_step_publishes_into_real_vllm(server, tmp_path, finetune):
                     finish_reason="stop")  # max_tokens may cut an answer; trained as complete all the same
 
     trainer = Trainer(cfg, store, engine)
-    failures: list[str] = []
-    stop_traffic = threading.Event()
+    def send() -> tuple[int | None, str]:
+        status, body = chat(target, ask(target), timeout=120)
+        return status, str(body)
 
-    def traffic() -> None:  # users keep talking while the trainer trains and swaps weights
-        while not stop_traffic.wait(0.2):  # a breath between requests: the step needs the CPU too
-            try:
-                status, body = chat(target, ask(target), timeout=120)
-            except OSError as e:  # refused or reset: a failure too, not the end of the thread
-                status, body = None, e
-            if status != 200:
-                failures.append(f"{status} {str(body)[:200]}")
-
-    talker = threading.Thread(target=traffic, name="user-traffic")
-    talker.start()
-    try:
-        (result,) = trainer.run(steps=1)
-    finally:
-        stop_traffic.set()
-        talker.join(120)
+    # a breath between requests: the step needs the CPU too
+    result, failures = train_while_users_talk(trainer, send, pause=0.2)
     assert result.status == "published", result.metrics
     ratio_tol, kl_tol = (1e-2, 1e-3) if srv.dtype == "float32" else (0.2, 0.05)  # bfloat16 serving on a GPU
     assert abs(result.metrics["ratio_mean"] - 1) < ratio_tol and result.metrics["kl_behaviour"] < kl_tol, result.metrics
