@@ -34,13 +34,16 @@ from clawproxy.openclaw_setup import PROFILES
               help="OpenClaw prompt profile (default: the richest that fits the context).")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=None,
               help="Sampling temperature OpenClaw sends (default: none, the server's default).")
+@click.option("--no-learn", "no_learn", is_flag=True,
+              help="Its conversations are recorded but never judged or trained on (the provider "
+                   "sends x-clawproxy-learn: off).")
 @click.option("--write", "write_to", is_flag=True,
               help="Merge the block into OpenClaw's config ($OPENCLAW_CONFIG_PATH or "
                    "~/.openclaw/openclaw.json), keeping a backup.")
 @config_options
 def openclaw_config(port: int | None, host: str | None, model_id: str | None, api_key: str,
                     upstream: str | None, context_window: int | None, max_tokens: int | None,
-                    profile: str | None, temperature: float | None, write_to: bool,
+                    profile: str | None, temperature: float | None, no_learn: bool, write_to: bool,
                     config_path: str | None, data_dir: str | None) -> None:
     """Print (or --write) the OpenClaw provider block that fits the model behind this proxy.
 
@@ -75,7 +78,7 @@ def openclaw_config(port: int | None, host: str | None, model_id: str | None, ap
             "the context length that server serves.")
     p = plan(ctx, max_tokens, profile, model=mid)
     sampling = {"temperature": temperature} if temperature is not None else None
-    block = provider_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key, p, sampling)
+    block = provider_block(f"http://{h}:{cfg.proxy.port}/v1", mid, api_key, p, sampling, learn=not no_learn)
     text = render(block, p, source)
     for w in p.warnings:
         click.secho(f"warning: {w}", err=True, fg="yellow")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawproxy.store.lifecycle import LEARN_HEADER
+
 OPENCLAW_MIN_CONTEXT = 4000  # OpenClaw refuses to run a model with a smaller context window
 PROVIDER_ID = "clawproxy"
 
@@ -160,8 +162,9 @@ def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
 
 
 def provider_block(base_url: str, model_id: str, api_key: str, p: Plan,
-                   sampling: dict[str, float] | None = None) -> dict[str, Any]:
-    """The openclaw.json fragment that routes OpenClaw through the proxy with plan ``p``."""
+                   sampling: dict[str, float] | None = None, learn: bool = True) -> dict[str, Any]:
+    """The openclaw.json fragment that routes OpenClaw through the proxy with plan ``p``;
+    ``learn=False``: its conversations are recorded but never judged or trained on."""
     ref = f"{PROVIDER_ID}/{model_id}"
     model_defaults: dict[str, Any] = {"model": {"primary": ref}}
     if sampling:
@@ -177,6 +180,7 @@ def provider_block(base_url: str, model_id: str, api_key: str, p: Plan,
                     "api": "openai-completions",
                     # the proxy's own read timeout: on a CPU the first token of a long prompt takes minutes
                     "timeoutSeconds": 1800,
+                    **({} if learn else {"headers": {LEARN_HEADER: "off"}}),
                     "models": [{
                         "id": model_id,
                         "name": f"{model_id} via clawproxy",

@@ -56,6 +56,7 @@ from clawproxy.proxy.recorder import Recorder
 from clawproxy.proxy.routing import ModelRouter, router_for
 from clawproxy.proxy.sse import Added
 from clawproxy.proxy.tap import Addons, Flow, Outcome, Tap
+from clawproxy.store.lifecycle import LEARN_HEADER
 
 log = logging.getLogger("clawproxy.proxy")
 
@@ -73,6 +74,7 @@ HOP_BY_HOP = frozenset({
     "content-encoding", "accept-encoding",
 })
 SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
+RECORDED_HEADERS = (*SESSION_HEADERS, LEARN_HEADER)  # kept with the turn (the journal's "h")
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -520,7 +522,7 @@ async def _forward(request: web.Request, tap: Tap) -> web.StreamResponse:
         return out
     ids: Iterator[str] = app[IDS_KEY]
     tap.admit(next(ids) if tap.flow.chat else "",
-              {k: v for k in SESSION_HEADERS if (v := request.headers.get(k))}, user)
+              {k: v for k in RECORDED_HEADERS if (v := request.headers.get(k))}, user)
     end: _StreamEnd | None = None
     try:
         resp, end = await _exchange(request, tap, need_token, user)

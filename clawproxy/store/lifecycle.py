@@ -32,6 +32,7 @@ class TurnState(StrEnum):
     ERROR = "error"                  # the upstream failed or ended oddly
     DEGENERATE = "degenerate"        # the answer loops
     EMPTY = "empty"                  # no text and no tool call
+    NOT_LEARNED = "not_learned"      # its client said not to learn from it (LEARN_HEADER: off)
 
 
 WAITING = frozenset({TurnState.PENDING, TurnState.TRUNCATED})
@@ -44,6 +45,11 @@ TRANSITIONS: dict[TurnState, frozenset[TurnState]] = {
     # a failed request sent again: the failed copy becomes the retry, the new one is kept
     **{s: frozenset({TurnState.RETRY}) for s in _FAILED},
 }
+
+
+# A request with this header set to "off" is recorded but never judged or trained on (an
+# OpenClaw provider's `headers`: conversations kept out of learning, a benchmark's measurements).
+LEARN_HEADER = "x-clawproxy-learn"
 
 
 # "In ok" as the store's queries ask it of a turn row ``t`` (``trainable`` is 1 exactly in ok,
@@ -93,6 +99,8 @@ def recorded_state(rec: Mapping[str, Any], kind: str) -> TurnState:
         return TurnState.DEGENERATE
     if not (rec.get("response_text") or "").strip() and not rec.get("response_tool_calls"):
         return TurnState.EMPTY
+    if str((rec.get("session_headers") or {}).get(LEARN_HEADER, "")).strip().lower() == "off":
+        return TurnState.NOT_LEARNED
     return TurnState.PENDING
 
 

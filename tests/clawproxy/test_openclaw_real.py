@@ -154,6 +154,35 @@ def test_tool_call_round_trip_is_recorded_with_its_next_state(openclaw, fake_ups
         stop(proc)
 
 
+def test_a_no_learn_config_is_recorded_and_never_judged(openclaw, fake_upstream, tmp_path):
+    """`openclaw-config --no-learn`: OpenClaw sends the provider's header on every call, so the
+    tool call and the answer are recorded (the next state too) and neither waits for the judge."""
+    proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-train")
+    try:
+        home = tmp_path / "home"
+        cfg_path = _write_config(home, port, "--upstream", fake_upstream, "--no-learn")
+        cfg = json.loads(cfg_path.read_text())
+        cfg["models"]["providers"]["clawproxy"]["headers"]["x-fake-mode"] = "tool-once"
+        cfg_path.write_text(json.dumps(cfg))
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        (ws / "hello.txt").write_text("the secret word is marmalade\n")
+        out = openclaw.run(["agent", "exec", "--config", str(cfg_path), "--cwd", str(ws), "--json",
+                            "What does hello.txt say?"], home)
+        assert out["ok"] is True, out
+        call, answer = _wait(lambda: (t := _main_turns(data)) and len(t) == 2 and t[0]["next_turn_id"] and t,
+                             30, "both turns recorded and linked")
+        assert call["finish_reason"] == "tool_calls" and "marmalade" in json.dumps(call["next_state"])
+        assert [(t["reason"], t["trainable"]) for t in (call, answer)] == [("not_learned", 0)] * 2
+        store = Store(data / "clawproxy.db")
+        try:
+            assert store.unjudged_turns(10) == []  # the judge's queue: nothing to take
+        finally:
+            store.close()
+    finally:
+        stop(proc)
+
+
 def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, fake_upstream, tmp_path):
     """OpenClaw flushes memory and compacts when the server reports a nearly full context."""
     proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-judge", "--no-train")

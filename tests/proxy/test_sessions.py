@@ -18,6 +18,7 @@ from clawproxy.proxy.sessions import (
     split_compaction,
     strip_ctx,
 )
+from clawproxy.store.lifecycle import LEARN_HEADER
 from tests.proxy.test_proxy_forwarding import CTX_MSG
 
 # A copy of shared/openclaw/samples.jsonl (real OpenClaw requests; keys are fake test keys).
@@ -196,6 +197,24 @@ async def test_prefix_chaining_without_identity(rig):
     a, b = rig.turns()
     assert a["session_id"].startswith("anon-") and b["session_id"] == a["session_id"]
     assert a["next_state"] == [{"role": "user", "content": "no, wrong"}] and a["trainable"] == 1
+
+
+async def test_a_conversation_the_client_keeps_out_of_learning(rig):
+    """``x-clawproxy-learn: off`` (an OpenClaw provider's headers): recorded (the next state too,
+    for the record), never in ``ok``, so neither judged nor trained; the same words without it are."""
+    m1 = [{"role": "system", "content": "s"}, {"role": "user", "content": "first"}, CTX_MSG]
+    m2 = [*m1[:2], {"role": "assistant", "content": "pong: first part1"},
+          {"role": "user", "content": "no, wrong"}, CTX_MSG]
+    for sid, learn in (("kept-out", "Off"), ("learned", None)):
+        headers = {"x-session-id": sid, **({LEARN_HEADER: learn} if learn else {})}
+        await rig.chat({"model": "m", "stream": True, "messages": m1}, headers)
+        await rig.chat({"model": "m", "stream": True, "messages": m2}, headers)
+    await rig.wait_recorded(4)
+    out1, out2, in1, in2 = rig.turns()
+    assert [(t["reason"], t["trainable"]) for t in (out1, out2)] == [("not_learned", 0)] * 2
+    assert out1["next_state"] == [{"role": "user", "content": "no, wrong"}]
+    assert (in1["reason"], in1["trainable"], in1["next_state"]) == ("ok", 1, [{"role": "user", "content": "no, wrong"}])
+    assert in2["reason"] == "pending"
 
 
 async def test_restart_keeps_chaining_and_retry_memory(make_rig):
