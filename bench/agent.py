@@ -124,6 +124,7 @@ def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch
         "tool_calls": called, "openclaw_tool_calls": summary.get("calls"), "tool_failures": summary.get("failures"),
         "malformed": bad, "finish_reasons": [t["finish_reason"] for t in turns],
         "answer_finish": turns[-1]["finish_reason"] if turns else None, "turns": len(turns),
+        "turn_ids": [t["id"] for t in turns],
         "wall_s": round(wall, 1),
         **({"error": (env.get("error") or {}).get("message") or r.stderr[-500:]} if not env.get("ok") else {}),
     }

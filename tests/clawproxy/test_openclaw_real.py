@@ -183,6 +183,41 @@ def test_a_no_learn_config_is_recorded_and_never_judged(openclaw, fake_upstream,
         stop(proc)
 
 
+def test_the_agent_benchmarks_user_reaction_is_the_answers_next_state(openclaw, fake_upstream, tmp_path):
+    """bench/agent_learn.py: a task through the real client, then the simulated user's reaction sent
+    as the conversation's next message; the proxy links it to the answer and the judge takes it."""
+    from clawproxy.simulate.agent_tasks import Task
+    from tests.bench.util import bench_module
+
+    agent, learn = bench_module("agent"), bench_module("agent_learn")
+    proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-train")
+    try:
+        url, home = f"http://127.0.0.1:{port}", tmp_path / "home"
+        cfg_path = learn.write_openclaw_config(home, "learn.json", url, "lean")
+        cfg = json.loads(cfg_path.read_text())
+        cfg["models"]["providers"]["clawproxy"]["headers"] = {"x-fake-mode": "tool-once"}
+        cfg_path.write_text(json.dumps(cfg))
+        task = Task(id="t", split="train", kind="read", prompt="What does hello.txt say?",
+                    files={"hello.txt": "the secret word is marmalade\n"}, expect="marmalade", answer="marmalade")
+        row = agent.run_task(task, openclaw, home, cfg_path, data / "clawproxy.db", tmp_path / "ws", 300)
+        assert row["status"] == "ok" and row["tool_calls"] == ["read"], row
+        store = Store(data / "clawproxy.db")
+        try:
+            call, answer = learn.turns_by_id(store, row["turn_ids"])
+            assert call["next_turn_id"] == answer["id"] and answer["finish_reason"] == "stop"
+            assert learn.send_reaction(url, answer, "Thanks, that's exactly it.") == 200
+            assert learn.wait_linked(store, answer["id"], 30)
+            linked = store.get_turn(answer["id"])
+            assert (linked["reason"], linked["next_state_role"]) == ("ok", "user")
+            assert "exactly it" in json.dumps(linked["next_state"])
+            _wait(lambda: _query(data, "SELECT score FROM judgments WHERE turn_id=?", (answer["id"],)),
+                  120, "the judge's verdict on the answer")
+        finally:
+            store.close()
+    finally:
+        stop(proc)
+
+
 def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, fake_upstream, tmp_path):
     """OpenClaw flushes memory and compacts when the server reports a nearly full context."""
     proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-judge", "--no-train")
