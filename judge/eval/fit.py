@@ -79,12 +79,12 @@ def user_cases(split: str) -> tuple[list, np.ndarray, np.ndarray]:
     return cases, features([c.inp for c in cases]), np.array([LABEL_SCORE[c.label] + 1 for c in cases])
 
 
-def main() -> None:
-    train, x_tr, y_tr = user_cases("train")
-    val, x_va, y_va = user_cases("validation")
+def choose_settings(x_tr: np.ndarray, y_tr: np.ndarray, x_va: np.ndarray, y_va: np.ndarray, seed: int = 0,
+                    echo: bool = True) -> tuple[float, float, float, float, float, float]:
+    """(C, good threshold, bad threshold, accuracy, FPR, FNR): the best on validation, m=3 votes."""
     best = None
     for c in C_GRID:
-        head = fit_head(x_tr, y_tr, k=K, c=c, seed=0)
+        head = fit_head(x_tr, y_tr, k=K, c=c, seed=seed)
         for tg, tb in itertools.product(GOOD_GRID, BAD_GRID):
             head.good_threshold, head.bad_threshold = tg, tb
             acc, fpr, fnr = figures(vote_majority(head, x_va), y_va)
@@ -92,9 +92,16 @@ def main() -> None:
             key = (fpr <= MAX_FPR, round(acc - 2 * fpr, 4), -c, -tg, -tb)
             if best is None or key > best[0]:
                 best = (key, c, tg, tb, acc, fpr, fnr)
-            print(f"C={c:<5} good>={tg} bad>={tb}  validation accuracy={acc:.3f} FPR={fpr:.3f} FNR={fnr:.3f}")
+            if echo:
+                print(f"C={c:<5} good>={tg} bad>={tb}  validation accuracy={acc:.3f} FPR={fpr:.3f} FNR={fnr:.3f}")
     assert best is not None
-    _, c, tg, tb, acc, fpr, fnr = best
+    return best[1:]
+
+
+def main() -> None:
+    train, x_tr, y_tr = user_cases("train")
+    val, x_va, y_va = user_cases("validation")
+    c, tg, tb, acc, fpr, fnr = choose_settings(x_tr, y_tr, x_va, y_va)
     print(f"chose C={c} good>={tg} bad>={tb}: validation accuracy {acc:.3f}, FPR {fpr:.3f}, FNR {fnr:.3f} (n={len(y_va)})")
     head = fit_head(x_tr, y_tr, k=K, c=c, seed=0, good_threshold=tg, bad_threshold=tb)
     maj, conf = verdicts(head, x_va)
