@@ -113,12 +113,31 @@ class StreamTap:
         """One upstream read in; the bytes to send the client now out."""
         if self.chunks is not None:
             self.chunks.append(data)
-        events, self._rest = split_events(self._rest + data if self._rest else data)
+        buf = self._rest + data if self._rest else data
+        if b"\r" in buf:  # CR framing: the general path, event by event
+            events, self._rest = split_events(buf)
+            if not self._stripping:
+                for ev in events:
+                    self._event(ev)
+                return data
+            return b"".join([self._event(ev) for ev in events])
+        # LF framing, what every OpenAI server sends: one split, and an event of one data line
+        # (nearly all) goes to _json without being re-framed first.
+        parts = buf.split(b"\n\n")
+        self._rest = parts.pop()
+        out: list[bytes] = []
+        for p in parts:
+            if p.startswith(b"data: {") and b"\n" not in p:
+                new = self._json(p[6:])
+                if new is not None:
+                    out.append(new)
+                elif self._stripping:
+                    out.append(p + b"\n\n")
+            else:
+                out.append(self._event(p + b"\n\n"))
         if not self._stripping:
-            for ev in events:
-                self._event(ev)
             return data
-        return b"".join([self._event(ev) for ev in events])
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def close(self) -> bytes:
         """The upstream ended: the unfinished last event, if any (an event may end at EOF)."""
@@ -141,21 +160,29 @@ class StreamTap:
         if not data.startswith(b"{") and data.strip() == DONE:
             self.done = True
             return ev
+        new = self._json(data, noted=True)
+        return ev if new is None else new
+
+    def _json(self, data: bytes, noted: bool = False) -> bytes | None:
+        """One event's data (not ``[DONE]``): added to the turn, stripped; the event re-framed
+        if it changed, else None (``noted``: ``generated`` was looked at already)."""
+        if not noted and not self.generated and _GENERATED.search(data):
+            self.generated = True
         turn, stripping = self._turn, self._stripping
         if turn is None and not (stripping and (b'token_ids"' in data or b'"logprobs"' in data)):
-            return ev  # prompt_token_ids match too
+            return None  # prompt_token_ids match too
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             obj = None
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             if turn is not None:
                 turn.out.bad_events += 1
-            return ev
+            return None
         if turn is not None:
             turn.chunk(obj)  # before stripping: the recorder wants the token fields
         if not stripping or not strip_obj(obj, self._strip):
-            return ev
+            return None
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -231,8 +258,10 @@ class _StreamState:
             err = obj["error"]
             out.error = err.get("message") if isinstance(err, dict) else str(err)
             return False
-        out.response_id = out.response_id or obj.get("id")
-        out.model = out.model or obj.get("model")
+        if not out.response_id:
+            out.response_id = obj.get("id")
+        if not out.model:
+            out.model = obj.get("model")
         v = obj.get("weight_version")
         if v is not None and (v not in self.out.weight_versions or v not in self.idle_versions):
             if generated is None:
@@ -253,7 +282,11 @@ class _StreamState:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # OpenClaw reads choices[0] only; so do we.
             delta = choice.get("delta") or {}
-            self._delta(delta)
+            c = delta.get("content")
+            if isinstance(c, str) and (len(delta) == 1 or (len(delta) == 2 and "role" in delta)):
+                self.text.append(c)  # most chunks: _delta's first case, without the call
+            else:
+                self._delta(delta)
             if isinstance(choice.get("usage"), dict):
                 out.usage = choice["usage"]
             if choice.get("finish_reason") is not None:
@@ -309,10 +342,15 @@ class _StreamState:
                 out.completion_token_ids = []
             out.completion_token_ids.extend(ids)
         lp = choice.get("logprobs")
-        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-            if out.completion_logprobs is None:
-                out.completion_logprobs = []
-            out.completion_logprobs.extend(e.get("logprob") for e in lp["content"] if isinstance(e, dict))
+        if isinstance(lp, dict) and isinstance(content := lp.get("content"), list):
+            lps = out.completion_logprobs
+            if lps is None:
+                lps = out.completion_logprobs = []
+            if len(content) == 1:  # a streamed chunk's one token: no generator to build
+                if isinstance(e := content[0], dict):
+                    lps.append(e.get("logprob"))
+            else:
+                lps.extend([e.get("logprob") for e in content if isinstance(e, dict)])
 
     def finish(self) -> Assembled:
         out = self.out
