@@ -664,31 +664,37 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, tap: Tap,
     turn is recorded. A stream that ends without ``[DONE]`` or fails gets an in-band error event
     as its end.
     """
-    resp = web.StreamResponse(status=up.status, headers=_end_to_end_headers(up.headers))
+    resp = _Relay(status=up.status, headers=_end_to_end_headers(up.headers))
     waiting: float | None = None  # since when we wait on the upstream, None: we don't
     try:
         await resp.prepare(request)
-        waiting = time.perf_counter()
-        async for data in up.content.iter_any():
-            tap.waited(time.perf_counter() - waiting)
-            waiting = None
-            out = tap.chunk(data)
-            if tap.done:
-                break
-            if out:
-                await resp.write(out)
+        # What came in with the headers goes out with them in one write; at a busy moment that is
+        # the whole stream, which then goes out with the end of the response (_StreamEnd).
+        data = up.content.read_nowait()
+        out = tap.chunk(data) if data else b""
+        if not tap.done:
+            await resp.write(out)  # b"": the headers alone; they never wait for a read
             waiting = time.perf_counter()
-        else:
-            tap.waited(time.perf_counter() - waiting)
-            waiting = None
-            out = tap.eof()
-            if tap.flow.outcome is Outcome.CUT:
+            async for data in up.content.iter_any():
+                tap.waited(time.perf_counter() - waiting)
+                waiting = None
+                out = tap.chunk(data)
+                if tap.done:
+                    break
                 if out:
                     await resp.write(out)
-                up.close()
-                cut = UpstreamError(tap.flow.error or "upstream closed the stream before [DONE]")
-                log.warning("%s", cut.message)
-                return resp, _StreamEnd(resp, None, _error_event(cut))
+                waiting = time.perf_counter()
+            else:
+                tap.waited(time.perf_counter() - waiting)
+                waiting = None
+                out = tap.eof()
+                if tap.flow.outcome is Outcome.CUT:
+                    if out:
+                        await resp.write(out)
+                    up.close()
+                    cut = UpstreamError(tap.flow.error or "upstream closed the stream before [DONE]")
+                    log.warning("%s", cut.message)
+                    return resp, _StreamEnd(resp, None, _error_event(cut))
         return resp, _StreamEnd(resp, up, out)
     except asyncio.CancelledError:
         up.close()  # the client hung up: end the upstream generation now; _forward tells the tap
@@ -711,6 +717,14 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, tap: Tap,
         return resp, _StreamEnd(resp, None, _error_event(err))
 
 
+class _Relay(web.StreamResponse):
+    """An event stream whose headers wait for its first bytes, to go out in one write with them
+    (aiohttp's own ``Response`` opts in the same way); ``_stream`` flushes them at once when the
+    upstream sent nothing with its headers yet."""
+
+    _send_headers_immediately = False
+
+
 class _StreamEnd:
     """What a stream sends after its turn is recorded: the read that held ``[DONE]`` (or an
     in-band error event), anything the upstream still sends, then the end of the response."""
@@ -722,11 +736,15 @@ class _StreamEnd:
 
     async def send(self, tap: Tap) -> None:
         try:
+            if self.up is None or self.up.content.at_eof():
+                # Nothing more is coming: the last read (and the headers, if they still wait)
+                # goes out with the end of the response, in one write.
+                await self.resp.write_eof(self.data)
+                return
             if self.data:
                 await self.resp.write(self.data)
-            if self.up is not None:
-                async for data in self.up.content.iter_any():
-                    await self.resp.write(data)
+            async for data in self.up.content.iter_any():
+                await self.resp.write(data)
             await self.resp.write_eof()
         except (asyncio.CancelledError, ConnectionResetError) as e:  # the client left
             tap.client_left()  # its turn is recorded already, as it finished
