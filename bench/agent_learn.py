@@ -26,8 +26,6 @@ import random
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,8 @@ from typing import Any
 from _env import ROOT  # noqa: F401  (this checkout's code on sys.path)
 from agent import last_turn_id, run_task, summarize
 
+from clawproxy.errors import ClawproxyError
+from clawproxy.httpjson import request_json
 from clawproxy.simulate.agent_tasks import KINDS, Verdict, load_tasks
 from clawproxy.simulate.agent_user import ORACLE_HINTS, react, reaction_message
 from clawproxy.simulate.system import System
@@ -74,14 +74,11 @@ def send_reaction(proxy_url: str, final: dict[str, Any], reaction: str) -> int:
         body["tools"] = final["request_tools"]
     sid = final["session_id"]
     headers = {"session_id": sid, "x-session-affinity": sid}
-    req = urllib.request.Request(f"{proxy_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json", **headers})
     try:
-        with urllib.request.urlopen(req, timeout=1800) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+        request_json("POST", f"{proxy_url}/v1/chat/completions", body, headers=headers, timeout=1800)
+    except ClawproxyError as e:
+        return e.status
+    return 200
 
 
 def wait_linked(store, turn_id: int, timeout_s: float = 60) -> bool:

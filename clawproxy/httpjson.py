@@ -27,18 +27,19 @@ def strip_v1(url: str) -> str:
 
 
 def open_url(method: str, url: str, body: Any = None, *, token: str | None = None, timeout: float = 30.0,
-             query: dict[str, str] | None = None, error: type[ClawproxyError] = UpstreamError) -> HTTPResponse:
-    """Send one request with a JSON ``body`` (None: no body); the open response, to read or
-    stream (use it as a context manager). Raises ``error`` as ``request_json`` does."""
+             query: dict[str, str] | None = None, error: type[ClawproxyError] = UpstreamError,
+             headers: dict[str, str] | None = None) -> HTTPResponse:
+    """Send one request with a JSON ``body`` (None: no body) and any extra ``headers``; the open
+    response, to read or stream (use it as a context manager). Raises ``error`` as ``request_json`` does."""
     if query:
         url += "?" + urllib.parse.urlencode(query)
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Accept": "application/json"}
+    sent = {"Accept": "application/json", **(headers or {})}
     if data is not None:
-        headers["Content-Type"] = "application/json"
+        sent["Content-Type"] = "application/json"
     if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+        sent["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=sent, method=method)
     path = urllib.parse.urlsplit(url).path
     try:
         return _OPENER.open(req, timeout=timeout)
@@ -55,13 +56,14 @@ def open_url(method: str, url: str, body: Any = None, *, token: str | None = Non
 
 def request_json(method: str, url: str, body: Any = None, *, token: str | None = None,
                  timeout: float = 30.0, query: dict[str, str] | None = None,
-                 error: type[ClawproxyError] = UpstreamError) -> Any:
+                 error: type[ClawproxyError] = UpstreamError, headers: dict[str, str] | None = None) -> Any:
     """Send one request; the decoded JSON answer (None when empty, the text when not JSON).
 
     An error status raises ``error(status=<that status>)`` with the server's message; a server
     that cannot be reached (refused, timed out) raises ``error(status=503)``.
     """
-    with open_url(method, url, body, token=token, timeout=timeout, query=query, error=error) as resp:
+    with open_url(method, url, body, token=token, timeout=timeout, query=query, error=error,
+                  headers=headers) as resp:
         try:
             raw = resp.read()
         except OSError as err:  # a read timeout or a reset after the headers
