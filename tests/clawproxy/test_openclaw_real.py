@@ -96,6 +96,13 @@ def _wait(predicate, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _fake_tool_once(cfg_path: Path) -> None:
+    """The fake answers with a read(hello.txt) call, then with text once it sees the tool result."""
+    cfg = json.loads(cfg_path.read_text())
+    cfg["models"]["providers"]["clawproxy"].setdefault("headers", {})["x-fake-mode"] = "tool-once"
+    cfg_path.write_text(json.dumps(cfg))
+
+
 def _main_turns(data: Path) -> list[dict[str, Any]]:
     store = Store(data / "clawproxy.db")
     try:
@@ -117,10 +124,7 @@ def test_tool_call_round_trip_is_recorded_with_its_next_state(openclaw, fake_ups
     try:
         home = tmp_path / "home"
         cfg_path = _write_config(home, port, "--upstream", fake_upstream)
-        cfg = json.loads(cfg_path.read_text())
-        # the fake answers with a read(hello.txt) call, then with text once it sees the tool result
-        cfg["models"]["providers"]["clawproxy"]["headers"] = {"x-fake-mode": "tool-once"}
-        cfg_path.write_text(json.dumps(cfg))
+        _fake_tool_once(cfg_path)
         ws = tmp_path / "ws"
         ws.mkdir()
         (ws / "hello.txt").write_text("the secret word is marmalade\n")
@@ -161,9 +165,7 @@ def test_a_no_learn_config_is_recorded_and_never_judged(openclaw, fake_upstream,
     try:
         home = tmp_path / "home"
         cfg_path = _write_config(home, port, "--upstream", fake_upstream, "--no-learn")
-        cfg = json.loads(cfg_path.read_text())
-        cfg["models"]["providers"]["clawproxy"]["headers"]["x-fake-mode"] = "tool-once"
-        cfg_path.write_text(json.dumps(cfg))
+        _fake_tool_once(cfg_path)  # beside --no-learn's header
         ws = tmp_path / "ws"
         ws.mkdir()
         (ws / "hello.txt").write_text("the secret word is marmalade\n")
@@ -194,9 +196,7 @@ def test_the_agent_benchmarks_user_reaction_is_the_answers_next_state(openclaw, 
     try:
         url, home = f"http://127.0.0.1:{port}", tmp_path / "home"
         cfg_path = learn.write_openclaw_config(home, "learn.json", url, "lean")
-        cfg = json.loads(cfg_path.read_text())
-        cfg["models"]["providers"]["clawproxy"]["headers"] = {"x-fake-mode": "tool-once"}
-        cfg_path.write_text(json.dumps(cfg))
+        _fake_tool_once(cfg_path)
         task = Task(id="t", split="train", kind="read", prompt="What does hello.txt say?",
                     files={"hello.txt": "the secret word is marmalade\n"}, expect="marmalade", answer="marmalade")
         row = agent.run_task(task, openclaw, home, cfg_path, data / "clawproxy.db", tmp_path / "ws", 300)
