@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from _env import ROOT  # noqa: F401  (this checkout's code on sys.path)
-from agent import last_turn_id, run_task, summarize
+from agent import last_turn_id, run_task, run_tasks, summarize
 
 from clawproxy.errors import ClawproxyError
 from clawproxy.httpjson import request_json
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", default="lean", choices=["lean", "default", "chat"])
     ap.add_argument("--config", default=None, help="clawproxy config (default configs/default.yaml)")
     ap.add_argument("--task-timeout", type=int, default=1800)
+    ap.add_argument("--eval-workers", type=int, default=1,
+                    help="held-out tasks run at once at each point (vLLM batches them; the learning tasks run one by one)")
     ap.add_argument("--out", required=True, help="directory for points.jsonl, interactions.jsonl, result.json")
     args = ap.parse_args(argv)
 
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         def measure(done: int) -> None:
             ts = time.monotonic()
             backlog = settle(view, system.config.trainer.batch_size)
-            rows = [run_task(t, openclaw, home, measure_cfg, db, tmp / "ws", args.task_timeout) for t in held]
+            rows = run_tasks(held, openclaw, home, measure_cfg, db, tmp / "ms", args.task_timeout, args.eval_workers)
             versions = [v["weight_version"] for r in rows for v in turns_by_id(store, r["turn_ids"])
                         if v["weight_version"] is not None]
             point = {"interactions": done, "summary": summarize(rows), "weight_version": max(versions, default=None),

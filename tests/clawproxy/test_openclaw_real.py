@@ -218,6 +218,36 @@ def test_the_agent_benchmarks_user_reaction_is_the_answers_next_state(openclaw, 
         stop(proc)
 
 
+def test_agent_benchmark_tasks_run_two_at_once_each_with_its_own_turns(openclaw, fake_upstream, tmp_path):
+    """bench/agent.py's ``run_tasks`` with 2 workers: two real clients share one OpenClaw home and
+    proxy at once; each task gets its own workspace, its own recorded turns, and its row in order."""
+    from clawproxy.simulate.agent_tasks import Task
+    from tests.bench.util import bench_module
+
+    agent, learn = bench_module("agent"), bench_module("agent_learn")
+    proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-train")
+    try:
+        home = tmp_path / "home"
+        cfg_path = learn.write_openclaw_config(home, "measure.json", f"http://127.0.0.1:{port}", "lean", "--no-learn")
+        _fake_tool_once(cfg_path)
+        tasks = [Task(id=f"t{i}", split="heldout", kind="read", prompt=f"What does hello.txt say? ({word})",
+                      files={"hello.txt": f"the secret word is {word}\n"}, expect=word, answer=word)
+                 for i, word in enumerate(["marmalade", "quince", "damson"])]
+        seen: list[int] = []
+        rows = agent.run_tasks(tasks, openclaw, home, cfg_path, data / "clawproxy.db", tmp_path / "ws", 300,
+                               workers=2, on_row=lambda i, row: seen.append(i))
+        assert [r["id"] for r in rows] == ["t0", "t1", "t2"] and sorted(seen) == [1, 2, 3]
+        for task, row in zip(tasks, rows):
+            assert row["status"] == "ok" and row["tool_calls"] == ["read"] and len(row["turn_ids"]) == 2, row
+            for t in _query(data, f"SELECT request_messages FROM turns WHERE id IN ({','.join('?' * 2)})",
+                            tuple(row["turn_ids"])):
+                assert task.prompt in agent.user_text(t["request_messages"])  # the task's own turns, not its neighbour's
+        assert len({i for r in rows for i in r["turn_ids"]}) == 6
+        assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["w0", "w1"]
+    finally:
+        stop(proc)
+
+
 def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, fake_upstream, tmp_path):
     """OpenClaw flushes memory and compacts when the server reports a nearly full context."""
     proc, port, data = _start(tmp_path, "--upstream", fake_upstream, "--no-judge", "--no-train")
