@@ -237,7 +237,7 @@ def test_agent_benchmark_tasks_run_two_at_once_each_with_its_own_turns(openclaw,
         rows = agent.run_tasks(tasks, openclaw, home, cfg_path, data / "clawproxy.db", tmp_path / "ws", 300,
                                workers=2, on_row=lambda i, row: seen.append(i))
         assert [r["id"] for r in rows] == ["t0", "t1", "t2"] and sorted(seen) == [1, 2, 3]
-        for task, row in zip(tasks, rows):
+        for task, row in zip(tasks, rows, strict=True):
             assert row["status"] == "ok" and row["tool_calls"] == ["read"] and len(row["turn_ids"]) == 2, row
             for t in _query(data, f"SELECT request_messages FROM turns WHERE id IN ({','.join('?' * 2)})",
                             tuple(row["turn_ids"])):
