@@ -77,6 +77,8 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
         argv += ["--hf-overrides", json.dumps({"rope_scaling": engine.rope_scaling})]
     if engine.device == "cpu":  # chunked prefill: no step longer than step_tokens (engine.vllm_args may override)
         argv += ["--max-num-batched-tokens", str(max(engine.step_tokens, engine.max_batch_size))]
+        # the prefix cache hits whole blocks: CPU's default of 128 re-prefills up to 127 shared tokens a session
+        argv += ["--block-size", "32"]
     argv += list(engine.vllm_args)
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
            "TOKENIZERS_PARALLELISM": "false",

@@ -36,6 +36,8 @@ def test_the_default_stack_serves_the_1_5b_in_bf16_with_lora_and_our_tool_parser
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"  # default.yaml
     # a long prompt is prefilled in chunks, and a slow step does not make vLLM stop its engine
     assert _flag(argv, "--max-num-batched-tokens") == "512" and env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "3600"
+    assert _flag(argv, "--block-size") == "32"  # a later session's shared prompt is cached to within 31 tokens
+    assert "--block-size" not in _cmd(**{"engine.device": "cuda"})[1]  # GPUs keep vLLM's own (16)
 
 
 def test_engine_vllm_args_override_the_step_bound():
