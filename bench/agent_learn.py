@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", default="lean", choices=["lean", "default", "chat"])
     ap.add_argument("--config", default=None, help="clawproxy config (default configs/default.yaml)")
     ap.add_argument("--task-timeout", type=int, default=1800)
-    ap.add_argument("--eval-workers", type=int, default=1,
+    ap.add_argument("--eval-workers", type=int, default=2,  # 4 tasks: 303 s on 2 against 372 s on 1 (bench/results/i38)
                     help="held-out tasks run at once at each point (vLLM batches them; the learning tasks run one by one)")
     ap.add_argument("--out", required=True, help="directory for points.jsonl, interactions.jsonl, result.json")
     args = ap.parse_args(argv)
@@ -198,35 +199,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"[point {done}] {line} (weights v{point['weight_version']}, {point['measure_s']} s)",
                   file=sys.stderr, flush=True)
 
-        measure(0)
-        for i in range(args.interactions):
-            task = train[i % len(train)]
-            row = run_task(task, openclaw, home, learn_cfg, db, tmp / "ws", args.task_timeout)
-            turns = turns_by_id(store, row["turn_ids"])
-            final = turns[-1] if turns and turns[-1]["finish_reason"] == "stop" else None
-            reaction, intended = react(task, Verdict(row["ok"], row["why"]), rng)
-            status, linked = None, False
-            if final is not None:
-                status = send_reaction(system.proxy_url, final, reaction)
-                linked = wait_linked(store, final["id"])
-            if args.oracle:
-                for t in turns_by_id(store, row["turn_ids"]):
-                    if wait_linked(store, t["id"], 10):
-                        store.add_judgment(t["id"], intended, None if row["ok"] else ORACLE_HINTS[task.kind], "oracle")
-            it = {"i": i + 1, "id": task.id, "kind": task.kind, "ok": row["ok"], "why": row["why"],
-                  "tool_calls": row["tool_calls"], "malformed": row["malformed"], "reaction": reaction,
-                  "intended": intended, "reaction_status": status, "linked": linked,
-                  "final_turn_id": final["id"] if final else None, "turn_ids": row["turn_ids"],
-                  "wall_s": row["wall_s"]}
-            interactions.append(it)
-            itf.write(json.dumps(it) + "\n")
-            itf.flush()
-            print(f"[{i + 1}/{args.interactions}] {task.id}: {'ok' if row['ok'] else 'FAIL'} -> {reaction!r}"
-                  f"{'' if linked else ' (reaction not linked)'}", file=sys.stderr, flush=True)
-            if (i + 1) % args.eval_every == 0 or i + 1 == args.interactions:
-                measure(i + 1)
+        def stop(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        # SIGTERM (a session's end, `kill`) ends the run early; what was measured is still written below
+        signal.signal(signal.SIGTERM, stop)
+        stopped_early = False
+        try:
+            measure(0)
+            for i in range(args.interactions):
+                task = train[i % len(train)]
+                row = run_task(task, openclaw, home, learn_cfg, db, tmp / "ws", args.task_timeout)
+                turns = turns_by_id(store, row["turn_ids"])
+                final = turns[-1] if turns and turns[-1]["finish_reason"] == "stop" else None
+                reaction, intended = react(task, Verdict(row["ok"], row["why"]), rng)
+                status, linked = None, False
+                if final is not None:
+                    status = send_reaction(system.proxy_url, final, reaction)
+                    linked = wait_linked(store, final["id"])
+                if args.oracle:
+                    for t in turns_by_id(store, row["turn_ids"]):
+                        if wait_linked(store, t["id"], 10):
+                            store.add_judgment(t["id"], intended, None if row["ok"] else ORACLE_HINTS[task.kind], "oracle")
+                it = {"i": i + 1, "id": task.id, "kind": task.kind, "ok": row["ok"], "why": row["why"],
+                      "tool_calls": row["tool_calls"], "malformed": row["malformed"], "reaction": reaction,
+                      "intended": intended, "reaction_status": status, "linked": linked,
+                      "final_turn_id": final["id"] if final else None, "turn_ids": row["turn_ids"],
+                      "wall_s": row["wall_s"]}
+                interactions.append(it)
+                itf.write(json.dumps(it) + "\n")
+                itf.flush()
+                print(f"[{i + 1}/{args.interactions}] {task.id}: {'ok' if row['ok'] else 'FAIL'} -> {reaction!r}"
+                      f"{'' if linked else ' (reaction not linked)'}", file=sys.stderr, flush=True)
+                if (i + 1) % args.eval_every == 0 or i + 1 == args.interactions:
+                    measure(i + 1)
+        except KeyboardInterrupt:
+            stopped_early = True
+            print(f"stopped after {len(interactions)} interactions; writing what was measured",
+                  file=sys.stderr, flush=True)
         result = {
             "seed": args.seed, "oracle": args.oracle, "profile": args.profile, "eval_split": args.eval_split,
+            "stopped_early": stopped_early,
             "curve": [{"interactions": p["interactions"], "weight_version": p["weight_version"],
                        **{k: s["success"] for k, s in p["summary"].items()}} for p in points],
             "judge": judge_table(store, interactions), "samples": samples(store, interactions),

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--model", default=None, help="clawproxy start --model (default: the configured one)")
     ap.add_argument("--sessions", type=int, default=1, help="sessions; each later one sends the first message")
     ap.add_argument("--quantization", default=None, help="clawproxy start --quantization")
+    ap.add_argument("--config", default=None, help="clawproxy start --config")
     args = ap.parse_args(argv)
 
     from click.testing import CliRunner
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             start += ["--model", args.model]
         if args.quantization:
             start += ["--quantization", args.quantization]
+        if args.config:
+            start += ["--config", args.config]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen(start, stdout=open(tmp / "clawproxy.log", "w"), stderr=subprocess.STDOUT,
                                 env=env, cwd=ROOT)
