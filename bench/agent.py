@@ -93,6 +93,17 @@ def settled_turns(db: Path, after_id: int, prompt: str, wait_s: float = 15) -> l
         time.sleep(2)
 
 
+def keep(ws: Path, done: Path, name: str) -> Path:
+    """Move a finished workspace to ``done/name``, or ``name.2``, ``.3``...: a task measured again
+    (every point of bench/agent_learn.py) must not land inside, or on, its earlier run."""
+    dest, n = done / name, 1
+    while dest.exists():
+        n += 1
+        dest = done / f"{name}.{n}"
+    shutil.move(ws, dest)
+    return dest
+
+
 def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch: Path,
              timeout_s: int) -> dict[str, Any]:
     # One workspace path for every task: OpenClaw writes the path into its system prompt, so a path per
@@ -100,7 +111,7 @@ def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch
     ws = scratch / "workspace"
     (scratch / "done").mkdir(parents=True, exist_ok=True)
     if ws.exists():
-        shutil.move(ws, scratch / "done" / f"before-{task.id}")
+        keep(ws, scratch / "done", f"before-{task.id}")
     materialize(task, ws)
     after = last_turn_id(db)
     t0 = time.monotonic()
@@ -120,7 +131,7 @@ def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch
     # What the proxy recorded is the truth; OpenClaw's own summary covers a run the store missed.
     called = names if turns else list(summary.get("tools") or [])
     verdict = check(task, Outcome(env.get("final") or "", called, ws))
-    shutil.move(ws, scratch / "done" / task.id)  # kept for a look at what the agent did
+    keep(ws, scratch / "done", task.id)  # kept for a look at what the agent did
     bad = [{"turn_id": t["id"], "why": why} for t in turns if (why := malformed(t))]
     return {
         "id": task.id, "split": task.split, "kind": task.kind, "ok": verdict.ok, "why": verdict.why,

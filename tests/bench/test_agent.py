@@ -195,3 +195,20 @@ def test_user_text_reads_string_and_part_contents():
             {"role": "user", "content": [{"type": "text", "text": "second"}]}]
     text = agent.user_text(msgs)
     assert 'Run `wc -l "a b"`' in text and "second" in text and "sys" not in text
+
+
+def test_a_task_measured_three_times_keeps_each_workspace_apart(tmp_path):
+    """bench/agent_learn.py runs the same held-out task at every point: the third run once failed
+    (the second had landed inside the first's kept workspace)."""
+    keep = bench_module("agent").keep
+    done = tmp_path / "done"
+    done.mkdir()
+    kept = []
+    for run in range(3):
+        ws = tmp_path / "workspace"
+        ws.mkdir()
+        (ws / "run.txt").write_text(str(run))
+        kept.append(keep(ws, done, "read-heldout-01"))
+    assert [p.name for p in kept] == ["read-heldout-01", "read-heldout-01.2", "read-heldout-01.3"]
+    assert [(p / "run.txt").read_text() for p in kept] == ["0", "1", "2"]
+    assert sorted(p.name for p in done.iterdir()) == [p.name for p in kept]
