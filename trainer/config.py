@@ -36,7 +36,17 @@ class TrainerConfig:
         4, "Useful samples per optimizer step (score-0 turns without a hint do not count).", ge=1
     )
     micro_batch_size: int = setting(
-        1, "Samples per forward/backward pass; gradients accumulate over the batch. 1 avoids padding on CPU.",
+        1, "Samples per forward/backward pass when pack_prefixes is off; gradients accumulate over the "
+        "batch. 1 avoids padding on CPU.",
+        ge=1,
+    )
+    pack_prefixes: bool = setting(
+        True, "Fold the samples of a step into token tries, so a prefix they share (OpenClaw's system "
+        "prompt, an earlier turn) is computed once; the log-probs and gradients are the unpacked ones. "
+        "Needs sdpa or eager attention (else off); single-process only. Replaces micro_batch_size.",
+    )
+    pack_tokens: int = setting(
+        8192, "pack_prefixes: most tokens in one packed pass (its trie); more samples go into the next pass.",
         ge=1,
     )
     learning_rate: float = setting(

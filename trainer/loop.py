@@ -71,10 +71,14 @@ from trainer.checkpoints import (
 )
 from trainer.config import TrainerConfig
 from trainer.losses import (
+    PackedBatch,
     TokenBatch,
+    can_pack,
     combined_advantages,
     completion_logps,
+    make_packed_batch,
     make_token_batch,
+    packed_length,
     pad_floats,
     ppo_clipped_loss,
 )
@@ -151,6 +155,8 @@ class StepMetrics:
     opd_samples: float = _summed()
     opd_gap_sum: float = _summed()
     opd_tokens: float = _summed()
+    forwarded: float = _summed()  # tokens the policy pass computed: fewer than ``tokens`` when packed
+    passes: float = _summed()  # forward/backward passes of the policy
     # the batch and the update
     samples: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
@@ -186,6 +192,7 @@ class StepMetrics:
         self.opd_samples += float(has_teacher.sum()) * weight
         self.opd_gap_sum += float((gap * hinted).sum()) * weight
         self.opd_tokens += float(hinted.sum()) * weight
+        self.passes += weight
 
     def reduce(self, accelerator: Any) -> None:
         """Sum the micro-batch sums over processes: the step's one collective for its figures."""
@@ -207,6 +214,8 @@ class StepMetrics:
             "ratio_mean": self.ratio_sum / ct,
             "tokens": int(self.tokens),
             "completion_tokens": int(self.completion_tokens),
+            "forwarded_tokens": int(self.forwarded),
+            "passes": int(self.passes),
             "opd_samples": int(self.opd_samples),
             "opd_gap_mean": self.opd_gap_sum / max(self.opd_tokens, 1.0),
             "score_mean": self.score_mean,
@@ -259,12 +268,17 @@ def train_step(policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, c
     mine = samples[acc.process_index :: world]
     n_micro = math.ceil(math.ceil(len(samples) / world) / mbs)
     num_tokens = sum(len(s.completion_ids) for s in samples)  # global: token-level mean over the step
-    for i in range(n_micro):
-        chunk, weight = mine[i * mbs : (i + 1) * mbs], 1.0
+    packed = packing(policy, cfg)
+    chunks = (pack_groups([s.prompt_ids + s.completion_ids for s in mine], cfg.pack_tokens) if packed
+              else [range(i * mbs, (i + 1) * mbs) for i in range(n_micro)])
+    for rows in chunks:
+        chunk, weight = [mine[j] for j in rows if j < len(mine)], 1.0
         if not chunk:  # uneven split: a zero-weight pass keeps collective ops in step
             chunk, weight = samples[:1], 0.0
-        tokens = make_token_batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
-                                  policy.tokenizer.pad_token_id, acc.device)
+        tokens = (make_packed_batch if packed else make_token_batch)(
+            [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], policy.tokenizer.pad_token_id, acc.device)
+        m.forwarded += weight * (tokens.input_ids.size(1) if packed
+                                 else sum(len(s.prompt_ids) + len(s.completion_ids) for s in chunk))
         mask = tokens.completion_mask.float()
         behaviour = pad_floats([s.behaviour_logps for s in chunk], acc.device)
         scores = torch.tensor([s.score - batch.baselines.get(s.turn_id, 0.0) if _rl_score(s) else 0.0
@@ -299,7 +313,7 @@ def train_step(policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, c
     return m
 
 
-def teacher_logps(policy: Policy, chunk: list[Sample], tokens: TokenBatch, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_logps(policy: Policy, chunk: list[Sample], tokens: TokenBatch | PackedBatch, method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher log-probs of the recorded completion tokens given the hinted prompt (no grad), and
     which samples have one: zeros and False for samples without a hint, and for method=rl."""
     dev = policy.accelerator.device
@@ -315,8 +329,9 @@ def teacher_logps(policy: Policy, chunk: list[Sample], tokens: TokenBatch, metho
             with torch.no_grad(), policy.teacher.teacher_model(policy.no_sync_model()) as teacher:
                 completion_logps(teacher, tokens)
         return t_logps, has
-    hinted = make_token_batch(list(hinted_prompts.values()), [chunk[i].completion_ids for i in hinted_prompts],
-                              policy.tokenizer.pad_token_id, dev)
+    make = make_packed_batch if isinstance(tokens, PackedBatch) else make_token_batch
+    hinted = make(list(hinted_prompts.values()), [chunk[i].completion_ids for i in hinted_prompts],
+                  policy.tokenizer.pad_token_id, dev)
     with torch.no_grad(), policy.teacher.teacher_model(policy.no_sync_model()) as teacher:
         lp = completion_logps(teacher, hinted)
     for row, i in enumerate(hinted_prompts):
@@ -324,6 +339,24 @@ def teacher_logps(policy: Policy, chunk: list[Sample], tokens: TokenBatch, metho
         t_logps[i, :n] = lp[row, :n]
         has[i] = True
     return t_logps, has
+
+
+def packing(policy: Policy, cfg: TrainerConfig) -> bool:
+    """Tree packing is on: asked for, one process (each would pack a different number of passes,
+    and FSDP needs the same), and an attention that takes a tree mask."""
+    return cfg.pack_prefixes and policy.accelerator.num_processes == 1 and can_pack(policy.model)
+
+
+def pack_groups(sequences: list[list[int]], budget: int) -> list[list[int]]:
+    """Indices of ``sequences`` in passes, in order: a sequence joins the current pass while the
+    pass's trie stays within ``budget`` tokens (one longer than the budget gets a pass alone)."""
+    groups: list[list[int]] = []
+    for i, seq in enumerate(sequences):
+        if groups and packed_length([sequences[j] for j in groups[-1]] + [seq]) <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _rl_score(s: Sample) -> int:

@@ -7,6 +7,9 @@ TRL pieces used:
 - ``trl.trainer.utils.selective_log_softmax``: the memory-frugal ``log_softmax -> gather`` (and its
   Triton kernel when available) for per-token log-probs.
 - ``trl.trainer.utils.pad``: left-pad prompts, right-pad completions, as GRPOTrainer batches them.
+- ``PackedBatch`` (tree packing) is written here: TRL 1.16 has no shared-prefix pass (its
+  ``packing="tree"`` for AsyncGRPO is an open pull request, huggingface/trl#7328). The idea is the
+  same: samples become one token trie, forwarded once under an ancestor mask.
 - ``ppo_clipped_loss`` is the ``loss_type="dapo"``/``"bnpo"`` branch of ``GRPOTrainer._compute_loss``
   (two-sided ``epsilon_low``/``epsilon_high`` clip, the k3 KL estimator, token-level normalization,
   the low/high clip-ratio metrics). TRL keeps that code inside a trainer method that needs a whole
@@ -53,16 +56,120 @@ def make_token_batch(
     )
 
 
+@dataclass
+class PackedBatch:
+    """Samples folded into one sequence along their shared prefixes (a token trie).
+
+    A token shared by several samples (OpenClaw's ~2.7k-token system prompt, an earlier turn of the
+    same conversation) is computed once; the tree mask lets each token see exactly its own
+    sample's earlier tokens, and the position ids are its depth, so every log-prob equals the
+    unpacked one. Completions are read at ``keep`` and scattered to the (B, T) layout.
+    """
+
+    input_ids: torch.Tensor  # (1, N) the trie's tokens in depth-first order
+    position_ids: torch.Tensor  # (1, N) each token's depth
+    tree_mask: torch.Tensor  # (1, 1, N, N) bool: query row may attend to key column (its ancestors and itself)
+    keep: torch.Tensor  # (K,) positions whose logits predict a completion token
+    targets: torch.Tensor  # (K,) the completion tokens they predict
+    rows: torch.Tensor  # (K,) sample of each kept position
+    cols: torch.Tensor  # (K,) completion index of each kept position
+    completion_ids: torch.Tensor  # (B, T) as TokenBatch
+    completion_mask: torch.Tensor  # (B, T)
+
+
+def packed_length(sequences: list[list[int]]) -> int:
+    """Tokens in the trie of ``sequences``: what one packed pass computes."""
+    root: dict[int, dict] = {}
+    n = 0
+    for seq in sequences:
+        node = root
+        for tok in seq:
+            nxt = node.get(tok)
+            if nxt is None:
+                nxt = node[tok] = {}
+                n += 1
+            node = nxt
+    return n
+
+
+def make_packed_batch(
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> PackedBatch:
+    # the trie: node i has token tokens[i] and parent parents[i]; children by token
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
+    paths: list[list[int]] = []
+    for p, c in zip(prompts, completions, strict=True):
+        path, parent = [], -1
+        for tok in list(p) + list(c):
+            kids = children[parent + 1]
+            node = kids.get(tok)
+            if node is None:
+                node = kids[tok] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+                children.append({})
+            path.append(node)
+            parent = node
+        paths.append(path)
+    # depth-first order, so each subtree is a contiguous range [tin, tout): k is an ancestor of q
+    # (or q itself) exactly when tin[k] <= tin[q] < tout[k]
+    n = len(tokens)
+    tin, tout, depth = [0] * n, [0] * n, [0] * n
+    order: list[int] = []
+    stack = [(kid, 0, False) for kid in reversed(list(children[0].values()))]
+    while stack:
+        node, d, done = stack.pop()
+        if done:
+            tout[node] = len(order)
+            continue
+        tin[node], depth[node] = len(order), d
+        order.append(node)
+        stack.append((node, d, True))
+        stack.extend((kid, d + 1, False) for kid in reversed(list(children[node + 1].values())))
+    pos = torch.arange(n)  # position j holds node order[j], whose tin is j
+    end = torch.tensor(tout)[torch.tensor(order, dtype=torch.long)]  # (N,) subtree end of each position's node
+    tree_mask = (pos.unsqueeze(0) <= pos.unsqueeze(1)) & (pos.unsqueeze(1) < end.unsqueeze(0))  # [query, key]
+    keep, targets, rows, cols = [], [], [], []
+    for b, (p, c, path) in enumerate(zip(prompts, completions, paths, strict=True)):
+        for j in range(len(c)):
+            keep.append(tin[path[len(p) + j - 1]])
+            targets.append(c[j])
+            rows.append(b)
+            cols.append(j)
+    c_ids = pad([torch.tensor(x, dtype=torch.long) for x in completions], padding_value=pad_id, padding_side="right")
+    c_mask = pad([torch.ones(len(x), dtype=torch.long) for x in completions], padding_value=0, padding_side="right")
+    return PackedBatch(
+        input_ids=torch.tensor([tokens[i] for i in order], dtype=torch.long).unsqueeze(0).to(device),
+        position_ids=torch.tensor([depth[i] for i in order], dtype=torch.long).unsqueeze(0).to(device),
+        tree_mask=tree_mask.view(1, 1, n, n).to(device),
+        keep=torch.tensor(keep, dtype=torch.long, device=device),
+        targets=torch.tensor(targets, dtype=torch.long, device=device),
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        cols=torch.tensor(cols, dtype=torch.long, device=device),
+        completion_ids=c_ids.to(device),
+        completion_mask=c_mask.to(device),
+    )
+
+
+def can_pack(model: torch.nn.Module) -> bool:
+    """A tree mask needs an attention that takes an arbitrary 4D mask (flash-attention kernels do not)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) in ("sdpa", "eager")
+
+
 def pad_floats(rows: list[list[float]], device: torch.device | str = "cpu") -> torch.Tensor:
     return pad([torch.tensor(r, dtype=torch.float32) for r in rows], padding_value=0.0).to(device)
 
 
-def completion_logps(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+def completion_logps(model: torch.nn.Module, batch: TokenBatch | PackedBatch) -> torch.Tensor:
     """Log-prob of each completion token under ``model`` (B, T); zero on padding.
 
     Only the last T + 1 positions' logits are materialized (``logits_to_keep``, as GRPOTrainer
     does): the vocabulary projection dominates memory for small models.
     """
+    if isinstance(batch, PackedBatch):
+        return _packed_logps(model, batch)
     t = batch.completion_ids.size(1)
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(
@@ -74,6 +181,22 @@ def completion_logps(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     logits = logits[:, :-1, :].float()  # position i predicts token i + 1
     logps = selective_log_softmax(logits, batch.completion_ids)
     return logps * batch.completion_mask
+
+
+def _packed_logps(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    mask = batch.tree_mask
+    if model.config._attn_implementation == "eager":  # eager adds its mask to the scores
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=batch.keep,
+    ).logits  # (1, K, V)
+    lp = selective_log_softmax(logits.float(), batch.targets.unsqueeze(0))[0]
+    out = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype, device=lp.device)
+    return out.index_put((batch.rows, batch.cols), lp)
 
 
 # -- advantages (B, T), zero on padding -----------------------------------------------------------

@@ -19,7 +19,7 @@ from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.checkpoints import current_version, rollback
 from trainer.cli import collect_stats
-from trainer.loop import learning_rate, score_baselines, train_step
+from trainer.loop import learning_rate, pack_groups, score_baselines, train_step
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -283,6 +283,37 @@ def test_rollback_while_a_step_trains_wins(rig, tiny_model_dir, monkeypatch):
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     torch.testing.assert_close(tr.policy.model.state_dict()["model.norm.weight"], base["model.norm.weight"])
     assert [r.new_version for r in tr.run(steps=1)] == [3]  # the samples train again, from v2
+
+
+def test_a_packed_step_publishes_the_weights_of_an_unpacked_one(rig, tiny_model_dir, tmp_path):
+    """Four samples on one prompt (two with a hint, so the teacher pass packs too): one packed pass
+    forwards the prompt once, and the step's loss and published weights are the unpacked step's."""
+    results = {}
+    for pack in (True, False):
+        cfg, store = rig(batch_size=4, pack_prefixes=pack)
+        cfg = replace(cfg, data_dir=tmp_path / f"pack-{pack}")
+        store = Store(cfg.db_path)
+        _add(store, tiny_model_dir, 4)
+        [results[pack]] = _trainer(cfg, store).run(steps=1)
+        results[pack].weights = load_file(str(cfg.data_dir / "checkpoints" / "v1" / "model.safetensors"))
+    packed, unpacked = results[True], results[False]
+    assert packed.status == unpacked.status == "published"
+    assert (packed.metrics["passes"], unpacked.metrics["passes"]) == (1, 4)
+    prompt_len = len(_prompt(tiny_model_dir))
+    assert packed.metrics["tokens"] == unpacked.metrics["tokens"] == unpacked.metrics["forwarded_tokens"]
+    assert packed.metrics["forwarded_tokens"] == unpacked.metrics["tokens"] - 3 * prompt_len
+    assert packed.metrics["opd_samples"] == 2
+    assert packed.metrics["loss"] == pytest.approx(unpacked.metrics["loss"], abs=1e-5)
+    for k, w in unpacked.weights.items():  # Adam moves each weight ~lr (1e-3): a wrong pass shows
+        torch.testing.assert_close(packed.weights[k], w, atol=1e-5, rtol=1e-4)
+
+
+def test_pack_groups_fill_passes_up_to_the_budget_in_order():
+    system = list(range(100, 150))
+    seqs = [system + [1, 2], system + [3], system + [4, 5, 6], list(range(200, 300)), system + [7]]
+    assert pack_groups(seqs, 56) == [[0, 1, 2], [3], [4]]  # 52 + 1 + 3 tokens; then one over the budget alone
+    assert pack_groups(seqs, 1000) == [[0, 1, 2, 3, 4]]
+    assert pack_groups(seqs, 1) == [[0], [1], [2], [3], [4]]
 
 
 def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):

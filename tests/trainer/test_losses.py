@@ -10,8 +10,10 @@ import torch
 from trainer.losses import (
     combined_advantages,
     completion_logps,
+    make_packed_batch,
     make_token_batch,
     opd_advantages,
+    packed_length,
     ppo_clipped_loss,
     rl_advantages,
 )
@@ -79,6 +81,36 @@ def test_padded_micro_batch_matches_single_samples(tiny):
     torch.testing.assert_close(lboth[0], la[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(lboth[1, :4], lb[0], atol=1e-4, rtol=1e-4)
     assert torch.all(lboth[1, 4:] == 0)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_pass_matches_separate_rows_in_logps_and_gradients(tiny_model_dir, attn):
+    """A shared system prompt, a later turn that re-sends an earlier answer, the same prompt answered
+    twice, and an unrelated sample: one packed pass computes each shared token once and gives every
+    completion token the log-prob, and every weight the gradient, of the padded rows."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
+    model.train()
+    system, question, answer = _seq(40, 10), _seq(10, 11), _seq(8, 12)
+    prompts = [system + question, system + _seq(7, 13), system + question + answer + _seq(6, 14), _seq(9, 15),
+               system + question]
+    completions = [answer, _seq(5, 16), _seq(4, 17), _seq(3, 18), _seq(6, 19)]
+    padded = make_token_batch(prompts, completions, pad_id=0)
+    packed = make_packed_batch(prompts, completions, pad_id=0)
+    unpacked_len = sum(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    assert packed.input_ids.size(1) == packed_length([p + c for p, c in zip(prompts, completions, strict=True)])
+    assert packed.input_ids.size(1) == unpacked_len - 3 * 40 - 2 * 10 - 8  # each shared token once
+    params = list(model.parameters())
+    lp_padded = completion_logps(model, padded)
+    g_padded = torch.autograd.grad((lp_padded * torch.arange(1, 6).unsqueeze(1)).sum(), params)
+    lp_packed = completion_logps(model, packed)
+    g_packed = torch.autograd.grad((lp_packed * torch.arange(1, 6).unsqueeze(1)).sum(), params)
+    torch.testing.assert_close(lp_packed, lp_padded, atol=1e-5, rtol=1e-5)
+    assert torch.all(lp_packed[padded.completion_mask == 0] == 0)
+    for a, b in zip(g_packed, g_padded, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_opd_moves_student_toward_teacher(tiny):
