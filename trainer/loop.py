@@ -73,12 +73,12 @@ from trainer.config import TrainerConfig
 from trainer.losses import (
     PackedBatch,
     TokenBatch,
+    TokenTrie,
     can_pack,
     combined_advantages,
     completion_logps,
     make_packed_batch,
     make_token_batch,
-    packed_length,
     pad_floats,
     ppo_clipped_loss,
 )
@@ -351,11 +351,13 @@ def pack_groups(sequences: list[list[int]], budget: int) -> list[list[int]]:
     """Indices of ``sequences`` in passes, in order: a sequence joins the current pass while the
     pass's trie stays within ``budget`` tokens (one longer than the budget gets a pass alone)."""
     groups: list[list[int]] = []
+    trie = TokenTrie()
     for i, seq in enumerate(sequences):
-        if groups and packed_length([sequences[j] for j in groups[-1]] + [seq]) <= budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
+        if not groups or trie.size + trie.new_tokens(seq) > budget:
+            groups.append([])
+            trie = TokenTrie()
+        groups[-1].append(i)
+        trie.add(seq)
     return groups
 
 

@@ -77,19 +77,37 @@ class PackedBatch:
     completion_mask: torch.Tensor  # (B, T)
 
 
+class TokenTrie:
+    """The tokens of several sequences with their shared prefixes stored once."""
+
+    def __init__(self) -> None:
+        self.root: dict[int, dict] = {}
+        self.size = 0
+
+    def new_tokens(self, seq: list[int]) -> int:
+        """How many tokens ``seq`` would add."""
+        node = self.root
+        for i, tok in enumerate(seq):
+            if tok not in node:
+                return len(seq) - i
+            node = node[tok]
+        return 0
+
+    def add(self, seq: list[int]) -> None:
+        node = self.root
+        for tok in seq:
+            if tok not in node:
+                node[tok] = {}
+                self.size += 1
+            node = node[tok]
+
+
 def packed_length(sequences: list[list[int]]) -> int:
     """Tokens in the trie of ``sequences``: what one packed pass computes."""
-    root: dict[int, dict] = {}
-    n = 0
+    trie = TokenTrie()
     for seq in sequences:
-        node = root
-        for tok in seq:
-            nxt = node.get(tok)
-            if nxt is None:
-                nxt = node[tok] = {}
-                n += 1
-            node = nxt
-    return n
+        trie.add(seq)
+    return trie.size
 
 
 def make_packed_batch(
