@@ -113,9 +113,8 @@ def packed_length(sequences: list[list[int]]) -> int:
 def make_packed_batch(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
 ) -> PackedBatch:
-    # the trie: node i has token tokens[i] and parent parents[i]; children by token
+    # the trie: node i holds token tokens[i]; children by token
     tokens: list[int] = []
-    parents: list[int] = []
     children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
     paths: list[list[int]] = []
     for p, c in zip(prompts, completions, strict=True):
@@ -126,7 +125,6 @@ def make_packed_batch(
             if node is None:
                 node = kids[tok] = len(tokens)
                 tokens.append(tok)
-                parents.append(parent)
                 children.append({})
             path.append(node)
             parent = node
