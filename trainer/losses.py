@@ -78,28 +78,38 @@ class PackedBatch:
 
 
 class TokenTrie:
-    """The tokens of several sequences with their shared prefixes stored once."""
+    """The tokens of several sequences with their shared prefixes stored once; node i holds
+    ``tokens[i]``, and its children by token are ``children[i + 1]`` (``children[0]``: the root's)."""
 
     def __init__(self) -> None:
-        self.root: dict[int, dict] = {}
-        self.size = 0
+        self.tokens: list[int] = []
+        self.children: list[dict[int, int]] = [{}]
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
 
     def new_tokens(self, seq: list[int]) -> int:
         """How many tokens ``seq`` would add."""
-        node = self.root
+        node = -1
         for i, tok in enumerate(seq):
-            if tok not in node:
+            node = self.children[node + 1].get(tok, -2)
+            if node == -2:
                 return len(seq) - i
-            node = node[tok]
         return 0
 
-    def add(self, seq: list[int]) -> None:
-        node = self.root
+    def add(self, seq: list[int]) -> list[int]:
+        """Insert ``seq``; returns its path (the node of each of its tokens)."""
+        path, node = [], -1
         for tok in seq:
-            if tok not in node:
-                node[tok] = {}
-                self.size += 1
-            node = node[tok]
+            kids = self.children[node + 1]
+            if tok not in kids:
+                kids[tok] = len(self.tokens)
+                self.tokens.append(tok)
+                self.children.append({})
+            node = kids[tok]
+            path.append(node)
+        return path
 
 
 def packed_length(sequences: list[list[int]]) -> int:
@@ -113,22 +123,9 @@ def packed_length(sequences: list[list[int]]) -> int:
 def make_packed_batch(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
 ) -> PackedBatch:
-    # the trie: node i holds token tokens[i]; children by token
-    tokens: list[int] = []
-    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
-    paths: list[list[int]] = []
-    for p, c in zip(prompts, completions, strict=True):
-        path, parent = [], -1
-        for tok in list(p) + list(c):
-            kids = children[parent + 1]
-            node = kids.get(tok)
-            if node is None:
-                node = kids[tok] = len(tokens)
-                tokens.append(tok)
-                children.append({})
-            path.append(node)
-            parent = node
-        paths.append(path)
+    trie = TokenTrie()
+    paths = [trie.add(list(p) + list(c)) for p, c in zip(prompts, completions, strict=True)]
+    tokens, children = trie.tokens, trie.children
     # depth-first order, so each subtree is a contiguous range [tin, tout): k is an ancestor of q
     # (or q itself) exactly when tin[k] <= tin[q] < tout[k]
     n = len(tokens)
