@@ -4,8 +4,8 @@ Qwen2.5's chat template asks for ``<tool_call>{"name": ..., "arguments": ...}</t
 vLLM's ``hermes`` parser reads. Qwen2.5-Coder-1.5B picks the right tool and arguments but often
 wraps the same JSON otherwise: a fenced ```json block, or ``<tools>…</tools>`` (the tag its system
 prompt lists the tools in). ``ToolCallScanner`` reads all three, plus an answer that is one bare
-JSON object. A JSON payload is a call only when it names a tool the request offered, so a code
-block in an ordinary answer stays text.
+JSON object, also inside the template's doubled ``{{ }}`` braces. A JSON payload is a call only
+when it names a tool the request offered, so a code block in an ordinary answer stays text.
 
 The scanner is fed the whole text so far and returns what became final since the last feed: text
 to stream as content, and complete calls. Only a possible wrapper is held back (at most one wrapper
@@ -145,6 +145,19 @@ class ToolCallScanner:
         return end, parse_calls(text[body_at:close], self.tools)
 
     def _bare(self, text: str, start: int) -> tuple[int | None, list[Call] | None]:
+        inner_at = len(text) - len(text[start + 1:].lstrip())
+        if text[inner_at:inner_at + 1] != "{":
+            return self._object(text, start)
+        # {{...}}: the template's placeholder braces copied around a bare call
+        end, calls = self._object(text, inner_at)
+        if end is None or calls is None:
+            return (None, None) if end is None else (start + 1, None)
+        close = len(text) - len(text[end:].lstrip())
+        if close == len(text):
+            return None, None  # the outer brace may still come
+        return (close + 1, calls) if text[close] == "}" else (start + 1, None)
+
+    def _object(self, text: str, start: int) -> tuple[int | None, list[Call] | None]:
         inner = text[start + 1:].lstrip()
         if inner and inner[0] != '"':
             return start + 1, None  # "{" then no key: prose or code, not a call

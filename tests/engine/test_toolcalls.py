@@ -37,6 +37,8 @@ def whole(text: str, tools=TOOLS):
     f"  {CALL}",
     '<tool_call>{"name": "read", "arguments": "{\\"path\\": \\"hello.txt\\"}"}</tool_call>',
     f"<tool_call>{{{CALL}}}</tool_call>",  # the template's {{...}} placeholder braces copied
+    f"{{{CALL}}}",  # the same braces around a bare call
+    f"{{ {CALL} }}\n",
 ])
 @pytest.mark.parametrize("read", [whole, streamed])
 def test_each_wrapper_is_one_call(text, read):
@@ -60,6 +62,10 @@ def test_text_around_a_call_is_kept(read):
     "Use <tools> wisely",
     "An unclosed fence ```json\n{\"name\": \"read\"",
     "ends with a partial opener <tool",
+    '{{"name": "Ada", "age": 36}}',                        # doubled braces, no tool by that name
+    f"{{{CALL} and more}}",                                # a call inside braces that hold more
+    "{{template}} placeholders",
+    f"{{{CALL}",                                           # the outer brace never closes
 ])
 @pytest.mark.parametrize("read", [whole, streamed])
 def test_ordinary_answers_stay_text_exactly(text, read):
