@@ -172,8 +172,11 @@ def run_tasks(tasks: list[Task], openclaw, home: Path, cfg_path: Path, db: Path,
                 on_row(next(done), row)
         return row
 
-    with ThreadPoolExecutor(workers) as pool:
+    pool = ThreadPoolExecutor(workers)
+    try:
         return list(pool.map(one, tasks))
+    finally:  # on an interrupt, drop the tasks not yet started rather than run them all first
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

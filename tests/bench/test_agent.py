@@ -212,3 +212,31 @@ def test_a_task_measured_three_times_keeps_each_workspace_apart(tmp_path):
     assert [p.name for p in kept] == ["read-heldout-01", "read-heldout-01.2", "read-heldout-01.3"]
     assert [(p / "run.txt").read_text() for p in kept] == ["0", "1", "2"]
     assert sorted(p.name for p in done.iterdir()) == [p.name for p in kept]
+
+
+def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypatch):
+    """SIGTERM during a measurement point (bench/agent_learn.py raises KeyboardInterrupt on it) must not
+    wait for the point's other tasks to run first."""
+    import os
+    import signal
+    import threading
+    import time
+
+    agent = bench_module("agent")
+    started, release = [], threading.Event()
+
+    def run_task(task, *args):
+        started.append(task.id)
+        release.wait(10)
+        return {"id": task.id}
+
+    monkeypatch.setattr(agent, "run_task", run_task)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            agent.run_tasks(BY_KIND["question"][:6], None, tmp_path, tmp_path / "c.json", tmp_path / "db",
+                            tmp_path / "ms", 60, workers=2)
+    finally:
+        release.set()
+    time.sleep(0.2)
+    assert len(started) == 2  # the two that were running; the other four never started
