@@ -240,3 +240,21 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
         release.set()
     time.sleep(0.2)
     assert len(started) == 2  # the two that were running; the other four never started
+
+
+def test_reparse_counts_recovered_calls_and_never_turns_an_ordinary_answer_into_one(tmp_path):
+    from clawproxy.store import Store
+    from tests.trainer.util import insert_turn
+
+    store = Store(tmp_path / "clawproxy.db")
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+    texts = ['{{"name": "read", "arguments": {"path": "a.txt"}}}',  # recovered
+             '```json\n{"name": "sort", "arguments": {}}\n```',  # still malformed: no such tool
+             "Paris is the capital of France."]
+    for text in texts:
+        tid = insert_turn(store, prompt_ids=[1], completion_ids=[2], score=None, tools=tools)
+        store.update("turns", "id", tid, {"response_text": text})
+    store.close()
+    counts, changed = bench_module("reparse_calls").reparse(tmp_path / "clawproxy.db")
+    assert dict(counts) == {"text answers": 3, "malformed": 2, "malformed, now calls": 1, "ordinary, now calls": 0}
+    assert [c["calls"] for c in changed] == [["read"]]
