@@ -230,13 +230,19 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
         release.wait()  # held until the test ends, so the signal always finds the point running
         return {"id": task.id}
 
+    def stop(*_):
+        raise KeyboardInterrupt
+
     monkeypatch.setattr(agent, "run_task", run_task)
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    # agent_learn's own handler: a background CI shell starts Python with SIGINT ignored
+    previous = signal.signal(signal.SIGTERM, stop)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             agent.run_tasks(BY_KIND["question"][:6], None, tmp_path, tmp_path / "c.json", tmp_path / "db",
                             tmp_path / "ms", 60, workers=2)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         release.set()
     time.sleep(0.2)
     assert len(started) == 2  # the two that were running; the other four never started
