@@ -324,6 +324,42 @@ def cpu_has_bf16() -> bool:
 
 
 @dataclass
+class TryingConfig:
+    """Learning by trying (``clawproxy/proxy/trying.py``, ``judge/trying.py``)."""
+
+    __pydantic_config__ = STRICT
+
+    enabled: bool = setting(
+        True, "When a user is unhappy, serve their next answers under candidate instructions and keep "
+        "what they like (off: no user is tried; active preferences are still applied).")
+    apply: Literal["prompt", "weights", "both"] = setting(
+        "both", "Where a user's active preferences act: added to their prompt, distilled into their "
+        "adapter, or both (the prompt is dropped once the adapter follows the preference alone).")
+    shortlist: int = setting(
+        6, "Candidates a user's bandit chooses among: the bank's instructions nearest their complaints, "
+        "and what they asked for in their own words.", ge=1, le=64)
+    said_max_words: int = setting(
+        12, "A complaint of at most this many words that the judge took a hint from is a candidate "
+        "in the user's own words.", ge=0)
+    unhappy_window: int = setting(
+        3, "A user is unhappy when one of their last this many judged replies was judged -1.", ge=1)
+    max_share: float = setting(
+        0.34, "At most this share of a user's main turns is tried.", gt=0, le=1)
+    max_tries: int = setting(48, "At most this many tried answers per user, ever (0: none).", ge=0)
+    promote_good: int = setting(
+        2, "A candidate becomes an active preference with at least this many replies judged good "
+        "under it (and promote_ratio good per bad).", ge=1)
+    promote_ratio: float = setting(
+        2.0, "A candidate becomes an active preference only with at least this many good replies per bad one.", gt=0)
+    demote_window: int = setting(
+        4, "An active preference is demoted when demote_bad of its last this many scored replies were judged -1.", ge=1)
+    demote_bad: int = setting(3, "Bad replies among the last demote_window that demote an active preference.", ge=1)
+    absorb_gap: float = setting(
+        0.02, "With apply 'both', the prompt is dropped when the student's mean gap to the instructed "
+        "teacher (nats a token) on the user's recent samples falls below this.", ge=0)
+
+
+@dataclass
 class Config:
     __pydantic_config__ = STRICT
 
@@ -333,6 +369,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trying: TryingConfig = field(default_factory=TryingConfig)
 
     def __post_init__(self) -> None:
         from clawproxy.catalog import lookup

@@ -1,4 +1,4 @@
-"""`clawproxy users add|list|show|remove|share`: the people who share this proxy (clawproxy/users.py).
+"""`clawproxy users add|list|show|remove|share|prefer|unprefer|trying`: the people who share this proxy (clawproxy/users.py).
 
 Light imports only: this runs on every `clawproxy` invocation.
 """
@@ -116,10 +116,14 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
                  "about": last_user_text(r["request_messages"] or [])[:200]}
                 for r in store.reactions_of(name, limit=limit)]
         judged = store.judge_summary(name, all_users=False)
+        prefs = [_pref_row(p, cfg) for p in store.preferences_of(name, ("active", "candidate", "demoted"))
+                 if p["status"] != "candidate" or p["shortlisted"] or p["tries"]]
+        trying = {**store.trying_counts(name), "on": cfg.trying.enabled and not (user and not user["trying"])}
     finally:
         store.close()
     out = {"name": name, "shared": bool(user["shared"]) if user else None, "judged": judged,
-           "praised": counts.get(1, 0), "complained": counts.get(-1, 0), "reactions": rows}
+           "praised": counts.get(1, 0), "complained": counts.get(-1, 0), "preferences": prefs,
+           "trying": trying, "reactions": rows}
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -131,6 +135,17 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
     console = Console()
     console.print(f"{escape(who)}: {judged['judged']} turn(s) judged, {judged['scored']} scored, "
                   f"{judged['abstained']} abstained (too unsure), {judged['neutral']} neutral")
+    console.print(f"trying {'on' if trying['on'] else 'off'}: {trying['tried']} of {trying['turns']} answer(s) "
+                  "served under a candidate instruction")
+    if prefs:
+        ptable = Table(title="what was found by trying (remove one: `clawproxy users unprefer "
+                       f"{escape(name or '')}{' ' if name else ''}ID`)", title_justify="left")
+        for col in ("id", "status", "instruction", "from", "tries", "good", "bad", "served"):
+            ptable.add_column(col, overflow="fold")
+        for p in prefs:
+            ptable.add_row(str(p["id"]), p["status"], escape(p["text"]), p["source"], str(p["tries"]),
+                           str(p["good"]), str(p["bad"]), p["served"])
+        console.print(ptable)
     if not rows:
         console.print("nothing told yet: reactions appear here once the judge scores a turn they replied to.")
         return
@@ -142,6 +157,90 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
         table.add_row(str(r["turn_id"]), "praised" if r["score"] > 0 else "complained",
                       escape(r["said"]), escape(r["about"]))
     console.print(table)
+
+
+def _pref_row(p: dict, cfg: Config) -> dict:
+    """A preference as `users show` and the dashboard show it: with where it acts now."""
+    served = "-"
+    if p["status"] == "active":
+        if cfg.trying.apply == "prompt":
+            served = "in the prompt"
+        elif cfg.trying.apply == "weights":
+            served = "in the weights"
+        else:
+            served = "in the weights (prompt dropped)" if p["absorbed"] else "in the prompt, being distilled"
+    elif p["status"] == "candidate":
+        served = "shortlisted" if p["shortlisted"] else "tried before"
+    return {"id": p["id"], "status": p["status"], "text": p["text"], "source": p["source"], "tries": p["tries"],
+            "good": p["good"], "bad": p["bad"], "served": served, "gap": p["gap"], "absorbed": bool(p["absorbed"]),
+            "activated_at": p["activated_at"]}
+
+
+def _who_and(args: tuple[str, ...], what: str, store: Store) -> tuple[str | None, str]:
+    """``[NAME] VALUE``: a proxy with no users names no one."""
+    if len(args) == 1:
+        if store.has_users():
+            raise click.UsageError(f"this proxy has users: name one, e.g. `clawproxy users {what} NAME ...`.")
+        return None, args[0]
+    if len(args) != 2:
+        raise click.UsageError(f"give [NAME] and one value: `clawproxy users {what} NAME VALUE`.")
+    _known(store, args[0])
+    return args[0], args[1]
+
+
+@users.command(context_settings=CTX)
+@click.argument("args", nargs=-1, required=True, metavar="[NAME] INSTRUCTION")
+@config_options
+def prefer(args: tuple[str, ...], config_path: str | None, data_dir: str | None) -> None:
+    """Add an active preference by hand: an instruction about style or form, applied to NAME's
+    answers and distilled into their adapter (`users show` lists it; `users unprefer` removes it)."""
+    cfg = build_config(config_path, data_dir)
+    store = _store(cfg)
+    try:
+        name, text = _who_and(args, "prefer", store)
+        text = " ".join(text.split())
+        if not text:
+            raise click.UsageError("the instruction is empty; e.g. `clawproxy users prefer NAME \"Answer in bullet points.\"`")
+        pid = store.add_preference(name, text, "manual", status="active")
+    finally:
+        store.close()
+    click.echo(f"preference {pid} active for {name or 'the one user'}: {text}")
+
+
+@users.command(context_settings=CTX)
+@click.argument("args", nargs=-1, required=True, metavar="[NAME] ID")
+@config_options
+def unprefer(args: tuple[str, ...], config_path: str | None, data_dir: str | None) -> None:
+    """Remove preference ID (from `users show`): never applied, trained or tried for NAME again."""
+    cfg = build_config(config_path, data_dir)
+    store = _store(cfg)
+    try:
+        name, ident = _who_and(args, "unprefer", store)
+        row = store.preference(int(ident)) if ident.isdigit() else None
+        if row is None or row["user"] != name:
+            raise click.ClickException(f"no preference {ident} for {name or 'the one user'}; "
+                                       "`clawproxy users show` lists them with their ids.")
+        store.set_preference_status(int(ident), "removed")
+    finally:
+        store.close()
+    click.echo(f"removed preference {ident}: {row['text']}")
+
+
+@users.command(context_settings=CTX)
+@click.argument("name")
+@click.option("--on/--off", "on", required=True, help="Let the proxy try candidate instructions on NAME.")
+@config_options
+def trying(name: str, on: bool, config_path: str | None, data_dir: str | None) -> None:
+    """Let NAME's answers be tried under candidate instructions when they are unhappy (--on), or
+    never (--off; their active preferences still apply). `trying.enabled` is the switch for everyone."""
+    cfg = build_config(config_path, data_dir)
+    store = _store(cfg)
+    try:
+        _known(store, name)
+        store.set_trying(name, on)
+    finally:
+        store.close()
+    click.echo(f"trying is {'on' if on else 'off'} for {name}")
 
 
 @users.command(context_settings=CTX)

@@ -31,6 +31,7 @@ def judge() -> None:
 def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
     """Judge every trainable main turn that has a next state and no judgment yet."""
     from clawproxy.store import Store
+    from judge.trying import Trier
     from judge.voters import build_hint_writer, build_voter, min_confidence
     from judge.worker import Worker
 
@@ -48,7 +49,7 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
         the_voter = build_voter(cfg)
         worker = Worker(store, the_voter, votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
                         hint_writer=build_hint_writer(cfg), min_confidence=min_confidence(cfg, the_voter),
-                        memory_size=cfg.judge.memory_reactions)
+                        memory_size=cfg.judge.memory_reactions, trier=Trier(store, cfg.trying))
         total = None if follow else store.judge_backlog()["pending"]
         if limit is not None and total is not None:
             total = min(total, limit)

@@ -51,6 +51,7 @@ class Worker:
     hint_writer: HintWriter | MemoryHints | None = None
     memory_size: int = 3  # replies a memory hint reads: this one and the user's earlier complaints
     min_confidence: float = 0.0  # a ±1 majority less sure than this scores 0 (judge.voters.combine)
+    trier: Any = None  # judge.trying.Trier: the user's candidates and preferences after each judgment
     judged: int = 0
     _retry: dict[int, _Retry] = field(default_factory=dict)
 
@@ -117,7 +118,17 @@ class Worker:
         score = self.write(tid, votes, self.written_hint(turn, votes), inp)
         if score is not None:
             self.judged += 1
+            self.after_judgment(turn, score)
         return score
+
+    def after_judgment(self, turn: dict[str, Any], score: int) -> None:
+        """Learning by trying's bookkeeping; its failure never holds a judgment back."""
+        if self.trier is None:
+            return
+        try:
+            self.trier.after_judgment(turn, score, None)
+        except Exception:
+            log.exception("judge: updating user %s's candidates after turn %s failed", turn.get("user"), turn["id"])
 
     def run_once(self, limit: int | None = None, progress: Callable[[int], Any] | None = None,
                  stop: threading.Event | None = None) -> int:

@@ -25,6 +25,7 @@ SHARED = {
     "clawproxy.config", "clawproxy.fields", "clawproxy.cli_options",  # config types and CLI options
     "clawproxy.degenerate",  # what a looping generation is
     "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)
+    "clawproxy.instruct",  # where an instruction goes in a request: the proxy serves it, the teacher sees it
     "clawproxy.engine.convert",  # checkpoints written atomically, as converted models are
     "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
     "clawproxy.users",  # a user's adapter name: the proxy routes to it, the trainer publishes under it

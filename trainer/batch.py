@@ -24,6 +24,8 @@ why a turn does not train), written to ``skipped_samples`` so it is counted once
 - ``score_0``            rl: a 0 score carries no signal and must not take a batch slot
 - ``no_hint``            opd: without a hint the teacher equals the student
   (combined: a turn is useful when its score is non-zero or it has a hint; else ``score_0``)
+- ``no_student_prompt``  a turn served under an instruction whose un-instructed prompt the chat template
+                         cannot render (checked by the trainer)
 - ``no_teacher``         a distillation-only sample whose hinted prompt the chat template cannot render
                          (checked by the trainer): it would train nothing
 
@@ -41,11 +43,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawproxy.openclaw import is_ctx
+from clawproxy.instruct import HINT_TEMPLATE, add_hint
 from clawproxy.store import Store, why_not_trained
 from trainer.config import TrainerConfig
 
-HINT_TEMPLATE = "[User's hint: {hint}]"
+__all__ = ["HINT_TEMPLATE", "Sample", "Selection", "add_hint", "prompt_ids", "select_samples",
+           "student_prompt_ids", "teacher_prompt_ids"]
+
 
 
 @dataclass
@@ -63,6 +67,9 @@ class Sample:
     tools: list[dict[str, Any]] | None = None
     params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
     kind: str = "rl"  # rl | rl_opd | opd: which loss terms it gets (module docstring)
+    # the instruction the proxy added upstream (clawproxy/proxy/trying.py): the recorded prompt ids
+    # hold it, the student's prompt must not (``student_prompt_ids``)
+    served_instruction: str | None = None
     tools_as_text: bool = field(kw_only=True)  # how the serving engine rendered tools (EngineSpec.tools_as_text)
 
     @property
@@ -86,14 +93,19 @@ def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
 
 
 def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit: int = 1000, *,
-                   owner: str | None = None, tools_as_text: bool) -> Selection:
+                   owner: str | None = None, tools_as_text: bool, distill: str | None = None) -> Selection:
     """Read the candidates of ``owner``'s adapter (None: the shared one; ``Store.training_candidates``),
     oldest first, and split them into samples and rejects. ``current_version`` is where staleness
-    is counted from on that owner's chain (``Store.stale_below`` + ``max_staleness``)."""
+    is counted from on that owner's chain (``Store.stale_below`` + ``max_staleness``).
+
+    ``distill``: the owner's active preferences, the teacher's context on every sample in place of
+    the judge's hint (on-policy context distillation: the told form is the teacher the model follows)."""
     rows = store.training_candidates(limit, owner, stale_below=current_version - cfg.max_staleness)
     samples: list[Sample] = []
     skipped: dict[int, str] = {}
     for row in rows:
+        if distill:
+            row = {**row, "hint": distill}
         reason = why_not_trained(row, method=cfg.method, max_seq_len=cfg.max_seq_len,
                                  max_staleness=cfg.max_staleness, current_version=current_version)
         if reason:
@@ -113,40 +125,13 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 params=row["request_params"] if isinstance(row["request_params"], dict) else None,
                 kind=sample_kind(row, cfg),
                 tools_as_text=tools_as_text,
+                served_instruction=(row.get("instruction") or "").strip() or None,
             )
         )
     return Selection(samples=samples, skipped=skipped)
 
 
 # -- the OPD teacher's prompt ----------------------------------------------------------------------
-
-
-def add_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """The recorded messages with ``[User's hint: ...]`` appended to the last real user message.
-
-    "Real" skips OpenClaw's transient ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` user message, which
-    the student saw too and the teacher keeps. Messages are copied, never modified in place.
-    """
-    out = [dict(m) for m in messages]
-    users = [i for i, m in enumerate(out) if m.get("role") == "user"]
-    if not users:
-        raise ValueError("no user message to attach the hint to")
-    real = [i for i in users if not is_ctx(out[i])]
-    idx = (real or users)[-1]
-    suffix = HINT_TEMPLATE.format(hint=hint.strip())
-    content = out[idx].get("content")
-    if isinstance(content, list):
-        parts = [dict(p) if isinstance(p, dict) else p for p in content]
-        text_parts = [i for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "text"]
-        if text_parts:
-            j = text_parts[-1]
-            parts[j]["text"] = parts[j].get("text", "") + "\n\n" + suffix
-        else:
-            parts.append({"type": "text", "text": suffix})
-        out[idx]["content"] = parts
-    else:
-        out[idx]["content"] = (content or "") + "\n\n" + suffix
-    return out
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -165,6 +150,23 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[
         **(template_kwargs if isinstance(template_kwargs, dict) else {}),
     )
     return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def student_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
+    """The student's prompt: the recorded ids, or, for a turn served under an instruction, the
+    recorded messages rendered as the engine renders them (the client's own request, without the
+    instruction); None when the template cannot render them.
+
+    Its completion was sampled from the instructed model, whose recorded log-probs stay the
+    behaviour policy: the importance ratio is the student's probability over the instructed one's."""
+    if sample.served_instruction is None:
+        return sample.prompt_ids
+    if not sample.messages:
+        return None
+    try:
+        return prompt_ids(tokenizer, sample.messages, sample.tools, sample.params, tools_as_text=sample.tools_as_text)
+    except Exception:  # a template that cannot render these messages: no student prompt to train
+        return None
 
 
 def teacher_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:

@@ -56,7 +56,7 @@ from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from trainer import gate
-from trainer.batch import Sample, select_samples, teacher_prompt_ids
+from trainer.batch import Sample, select_samples, student_prompt_ids, teacher_prompt_ids
 from trainer.checkpoints import (
     Version,
     checkpoints_root,
@@ -552,11 +552,18 @@ class Trainer:
         rejects are recorded with their reasons."""
         # staleness is counted on the owner's chain (Store.stale_below), from its serving version with no users
         ref = self.store.stale_below(owner, self.tcfg.max_staleness) + self.tcfg.max_staleness
-        sel = select_samples(self.store, self.tcfg, ref, owner=owner, tools_as_text=self.cfg.engine.spec.tools_as_text)
+        distill = self._distilled(owner)
+        sel = select_samples(self.store, self.tcfg, ref, owner=owner, tools_as_text=self.cfg.engine.spec.tools_as_text,
+                             distill=" ".join(p["text"] for p in distill) or None)
         samples: list[Sample] = []
         for s in sel.samples:
             if len(samples) == self.tcfg.batch_size:
                 break
+            student = student_prompt_ids(self.policy.tokenizer, s)
+            if student is None:
+                sel.skipped[s.turn_id] = "no_student_prompt"
+                continue
+            s.prompt_ids = student
             problem = teacher_problem(self.policy.tokenizer, self.tcfg, s)
             if problem:
                 sel.skipped[s.turn_id] = problem
@@ -566,6 +573,27 @@ class Trainer:
             self.store.record_skipped(sel.skipped)
             self.skipped.update(sel.skipped.values())
         return samples
+
+    def _distilled(self, owner: str | None) -> list[dict[str, Any]]:
+        """The owner's active preferences that go into their weights (``trying.apply``: weights or both)."""
+        if self.cfg.trying.apply == "prompt":
+            return []
+        return self.store.active_preferences(owner)
+
+    def _absorbed(self, owner: str | None, m: StepMetrics) -> None:
+        """After a published step: the student's mean gap to the instructed teacher on this batch; a
+        preference whose gap stayed under ``trying.absorb_gap`` two steps running is served without
+        its prompt (``trying.apply: both``), since the adapter now follows it alone."""
+        if m.opd_tokens <= 0:
+            return
+        gap = abs(m.opd_gap_sum / m.opd_tokens)
+        limit = self.cfg.trying.absorb_gap
+        for p in self._distilled(owner):
+            absorbed = gap < limit and p["gap"] is not None and abs(float(p["gap"])) < limit
+            self.store.set_preference_gap(int(p["id"]), gap, absorbed and self.cfg.trying.apply == "both")
+            if absorbed and not p["absorbed"]:
+                log.info("%s: the adapter follows %r without the prompt (gap %.4f nats a token)",
+                         _whose(owner), p["text"], gap)
 
     def _check_users(self, has_users: bool | None = None) -> None:
         """Users each get an adapter of their own: full fine-tuning (one set of weights) and an
@@ -678,6 +706,7 @@ class Trainer:
             m.publish_s = time.perf_counter() - t0
             m.batch_to_serving_s = time.time() - batch_ready
             step_id = self._record(samples, m, "published", version, out_dir)
+            self._absorbed(self.owner, m)
             deleted = prune(self.store, self.tcfg.keep_checkpoints, self.ckpt_root)
             if deleted:
                 log.info("deleted old checkpoints %s", deleted)

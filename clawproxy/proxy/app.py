@@ -56,6 +56,7 @@ from clawproxy.proxy.recorder import Recorder
 from clawproxy.proxy.routing import ModelRouter, router_for
 from clawproxy.proxy.sse import Added
 from clawproxy.proxy.tap import Addons, Flow, Outcome, Tap
+from clawproxy.proxy.trying import Trying
 from clawproxy.store.lifecycle import LEARN_HEADER
 
 log = logging.getLogger("clawproxy.proxy")
@@ -89,6 +90,7 @@ ROUTES_KEY: web.AppKey[Callable[[str], str | None]] = web.AppKey("clawproxy_rout
 METRICS_KEY = web.AppKey("clawproxy_metrics", ProxyMetrics)
 RECORDING_KEY = web.AppKey("clawproxy_recording", Recording)
 ADDONS_KEY = web.AppKey("clawproxy_addons", Addons)
+TRYING_KEY = web.AppKey("clawproxy_trying", Trying)
 
 
 def server_options(cfg: Config) -> dict[str, Any]:
@@ -208,6 +210,8 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app.cleanup_ctx.append(_upstream_ctx)  # cleaned up first: no request outlives the recorder
     app[ROUTER_KEY] = router_for(cfg)
     app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
+    app[TRYING_KEY] = Trying(cfg)
+    app.cleanup_ctx.append(app[TRYING_KEY].ctx)
     app.router.add_get("/clawproxy/health", _control(health))
     app.router.add_get("/clawproxy/stats", _control(stats))
     app.router.add_get("/metrics", _control(metrics))
@@ -577,6 +581,10 @@ async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
         if router is not None:
             body, target = router.route(obj, body, user)
             tap.routed(target.version if target is not None else None)
+        # after routing, which rewrites the model: the instruction rides on the body sent upstream
+        body, served = app[TRYING_KEY].prepare(obj, body, request.headers, user)
+        if served is not None:
+            tap.served_under(served)
         if cfg.proxy.record_tokens and not st.token_fields_refused:
             added = Added(logprobs="logprobs" not in obj, token_ids="return_token_ids" not in obj)
     elif user is not None and body and request.method == "POST":

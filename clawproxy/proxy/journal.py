@@ -22,6 +22,7 @@ import orjson
 from clawproxy.proxy.redact import Redactor, redact_body
 from clawproxy.proxy.sse import Assembled, assemble_json, assemble_stream
 from clawproxy.proxy.tap import Capture, clean_header
+from clawproxy.proxy.trying import Served
 
 log = logging.getLogger("clawproxy.recorder")
 JOURNAL_MAGIC = b"CJ1 "
@@ -67,6 +68,8 @@ def journal_entry(cap: Capture, redactor: Redactor | None = None) -> bytes:
         "done": cap.done, "http": cap.http_status, "status": cap.status, "error": error,
         "h": {k: clean_header(v) for k, v in cap.session_headers.items()},
         "wv": cap.header_weight_version, "u": cap.user, "rv": cap.routed_version,
+        "sv": None if cap.served is None else {"text": cap.served.text, "tried": cap.served.tried,
+                                               "applied": list(cap.served.applied), "role": cap.served.role},
         "ttft": cap.t_first - cap.t0 if cap.t_first else None,
         "total": (cap.t_end or time.perf_counter()) - cap.t0,
         "nb": len(body), "nr": len(resp), "red": redacted or cap.redacted, "asm": asm is not None,
@@ -106,6 +109,9 @@ def read_journal(path: Path) -> list[Capture]:
                       done=m["done"], http_status=m["http"], status=m["status"], error=m["error"],
                       header_weight_version=m["wv"], t_first=m["ttft"], t_end=m["total"],
                       redacted=m.get("red", False), user=m.get("u"), routed_version=m.get("rv"))
+        if m.get("sv"):
+            sv = m["sv"]
+            cap.served = Served(sv["text"], sv["tried"], tuple(sv["applied"]), sv["role"])
         resp = data[nl + 1 + m["nb"] : end]
         if m.get("asm"):
             rec = orjson.loads(resp)

@@ -72,6 +72,9 @@ def parse_capture(cap: Capture, redactor: Redactor | None = None) -> dict[str, A
         "routed_weight_version": cap.routed_version,
         "user": cap.user,
     }
+    if cap.served is not None:
+        rec.update(instruction=cap.served.text, instruction_id=cap.served.tried,
+                   applied_ids=list(cap.served.applied) or None, instruction_role=cap.served.role)
     if asm is not None:
         rec.update(
             response_text=asm.text or None,

@@ -463,5 +463,5 @@ _TURN_FIELDS = (
     "request_id", "created_at", "path", "status", "http_status", "error", "model", "stream",
     "body_hash", "response_text", "response_reasoning", "response_tool_calls", "finish_reason",
     "usage", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "weight_version",
-    "weight_versions", "ttft_ms", "total_ms",
+    "weight_versions", "ttft_ms", "total_ms", "instruction", "instruction_id", "applied_ids", "instruction_role",
 )

@@ -76,6 +76,7 @@ class Capture:
     user: str | None = None  # who asked (clawproxy/users.py); None: a proxy with no users
     routed_version: int | None = None  # the weight version the router sent it to (None: not routed)
     journal_body: tuple[bytes, bool] | None = None  # the body redacted early: (bytes, changed)
+    served: Any = None  # trying.Served: the instruction added upstream (None: the client's body as sent)
 
     def finish(self, status: str, http_status: int | None = None, error: str | None = None) -> bool:
         """End the turn as ``status`` ("ok", "error", "aborted"); the first call wins, later ones
@@ -187,6 +188,11 @@ class Tap:
     def routed(self, version: int | None) -> None:
         if self.flow.capture is not None:
             self.flow.capture.routed_version = version
+
+    def served_under(self, served: Any) -> None:
+        """The instruction the upstream got on top of the client's body (``trying.Served``)."""
+        if self.flow.capture is not None:
+            self.flow.capture.served = served
 
     def waited(self, seconds: float) -> None:
         """Time spent waiting on the upstream (connect, headers, a read)."""

@@ -5,6 +5,7 @@
 - ``lifecycle.py``   a turn's state and its allowed moves; why a turn does not train
 - ``judging.py``     the judge's queue, votes and judgments
 - ``memory.py``      each user's memory: their reactions to the answers, in their own words
+- ``preferences.py`` each user's candidate instructions and preferences, with their evidence
 - ``training.py``    the trainer's candidates, steps, skipped turns and published checkpoints
 - ``users.py``       users by a keyed hash of their API key, who shares, deleting a user
 - ``views.py``       read-only views for `clawproxy stats`, the dashboard and the simulator
@@ -28,13 +29,14 @@ from clawproxy.store.lifecycle import (
 )
 from clawproxy.store.memory import Memory
 from clawproxy.store.migrations import MIGRATIONS
+from clawproxy.store.preferences import Preferences
 from clawproxy.store.training import Training
 from clawproxy.store.turns import Link, Turns
 from clawproxy.store.users import Users
 from clawproxy.store.views import Views
 
 
-class Store(Turns, Judging, Memory, Training, Users, Views):
+class Store(Turns, Judging, Memory, Preferences, Training, Users, Views):
     """The SQLite store. Open with ``Store(path)``; it creates and migrates the database.
 
     ``Store.reader(path)`` opens an existing store read-only, for observers (the dashboard,

@@ -36,7 +36,7 @@ def inserted_id(cur: sqlite3.Cursor) -> int:
 JSON_COLUMNS = {
     "request_messages", "request_tools", "request_params", "response_tool_calls", "usage",
     "prompt_token_ids", "completion_token_ids", "completion_logprobs", "weight_versions",
-    "next_state", "metrics", "gate", "data",
+    "next_state", "metrics", "gate", "data", "applied_ids",
 }
 
 

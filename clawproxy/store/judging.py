@@ -61,12 +61,17 @@ class Judging(Core):
                 conn.execute(
                     "INSERT INTO reactions (turn_id, user, score, text, created_at) "
                     "SELECT id, user, ?, ?, ? FROM turns WHERE id=?", (score, reaction, now, turn_id))
+            if score != 0:
+                self._count_evidence(conn, turn_id, score)
         return True
 
     def add_judgment(self, turn_id: int, score: int, hint: str | None, voter: str) -> None:
         """A judgment from outside the judge (the simulator's oracle); a turn already judged keeps its own."""
-        self.insert("judgments", {"turn_id": turn_id, "score": score, "hint": hint, "voter": voter,
-                                  "created_at": time.time()}, or_ignore=True)
+        with self.transaction() as conn:
+            cur = conn.execute("INSERT OR IGNORE INTO judgments (turn_id, score, hint, voter, created_at) "
+                               "VALUES (?, ?, ?, ?, ?)", (turn_id, score, hint, voter, time.time()))
+            if cur.rowcount and score != 0:
+                self._count_evidence(conn, turn_id, score)
 
     def judge_summary(self, user: str | None = None, *, all_users: bool = True) -> dict[str, int]:
         """Judged turns: judged, scored (+1 or -1), abstained (a majority too unsure to train on),

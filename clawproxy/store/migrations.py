@@ -168,4 +168,32 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX reactions_user ON reactions(user, turn_id);
     """,
+    # v8 (learning by trying): each user's candidate instructions with their evidence, and which
+    # instruction a turn was served under (the client never sees it; the trainer must know it).
+    """
+    CREATE TABLE preferences (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        user          TEXT,                  -- whose (NULL: the one user of a proxy with no users)
+        text          TEXT NOT NULL,         -- the instruction, as served
+        source        TEXT NOT NULL,         -- bank | said (the user's own words) | manual
+        status        TEXT NOT NULL,         -- candidate | active | demoted | removed
+        prior         REAL NOT NULL DEFAULT 0,   -- the shortlist's similarity to the user's reactions
+        shortlisted   INTEGER NOT NULL DEFAULT 0, -- 1: the bandit may try it now
+        tries         INTEGER NOT NULL DEFAULT 0, -- replies served under it and judged
+        good          INTEGER NOT NULL DEFAULT 0, -- of those, judged +1
+        bad           INTEGER NOT NULL DEFAULT 0, -- of those, judged -1
+        absorbed      INTEGER NOT NULL DEFAULT 0, -- 1: the adapter follows it without the prompt
+        gap           REAL,                  -- the student's last gap to the instructed teacher (nats/token)
+        created_at    REAL NOT NULL,
+        updated_at    REAL NOT NULL,
+        activated_at  REAL,
+        UNIQUE(user, text)
+    );
+    CREATE INDEX preferences_user ON preferences(user, status);
+    ALTER TABLE turns ADD COLUMN instruction TEXT;          -- what was added to the upstream's prompt
+    ALTER TABLE turns ADD COLUMN instruction_id INTEGER;    -- the candidate tried (role try)
+    ALTER TABLE turns ADD COLUMN applied_ids TEXT;          -- JSON list: the active preferences applied
+    ALTER TABLE turns ADD COLUMN instruction_role TEXT;     -- try | apply
+    ALTER TABLE users ADD COLUMN trying INTEGER NOT NULL DEFAULT 1;  -- 0: never tried (`users trying NAME off`)
+    """,
 ]

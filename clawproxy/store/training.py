@@ -126,7 +126,7 @@ class Training(Core):
         return self.query(
             "SELECT t.id, t.user, t.reason, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs, "
             "t.finish_reason, t.weight_version, t.request_messages, t.request_tools, t.request_params, "
-            f"j.score, j.hint FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE {TRAINABLE_SQL} "
+            f"t.instruction, j.score, j.hint FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE {TRAINABLE_SQL} "
             f"AND t.id NOT IN ({_TRAINED_BY}) "
             f"AND ((t.user IS ? AND t.id NOT IN (SELECT turn_id FROM skipped_samples)) {foreign}) "
             "ORDER BY t.id LIMIT ?",

@@ -49,6 +49,12 @@ class Users(Core):
     def has_users(self) -> bool:
         return self.query_one("SELECT 1 AS x FROM users LIMIT 1") is not None
 
+    def set_trying(self, name: str, on: bool) -> None:
+        self.update("users", "name", name, {"trying": int(on)})
+
+    def users_not_tried(self) -> list[str]:
+        return [r["name"] for r in self.query("SELECT name FROM users WHERE trying = 0")]
+
     def set_shared(self, name: str, shared: bool) -> None:
         self.update("users", "name", name, {"shared": int(shared)})
 
@@ -64,5 +70,6 @@ class Users(Core):
             conn.execute("DELETE FROM sessions WHERE user=?", (name,))
             conn.execute("DELETE FROM checkpoints WHERE user=?", (name,))
             conn.execute("DELETE FROM train_steps WHERE user=?", (name,))
+            conn.execute("DELETE FROM preferences WHERE user=?", (name,))
             conn.execute("DELETE FROM users WHERE name=?", (name,))
         return paths

@@ -1,0 +1,138 @@
+"""Each user's candidate instructions and preferences, with the evidence for each.
+
+A row is an instruction about style or form that clawproxy may add to a user's prompt: shortlisted
+from the generic bank against the user's reactions, said by the user in their own words, or added
+by hand. ``status`` moves candidate -> active (the evidence passed the rule in ``judge/trying.py``)
+-> demoted (its replies turned bad), or to removed (the user took it away; it is never tried again).
+The evidence (tries, good, bad) is counted in the judgment's own transaction
+(``Judging.record_judgment``), so a reply is counted once, exactly when it is judged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from clawproxy.store.core import Core
+
+STATUSES = ("candidate", "active", "demoted", "removed")
+
+
+class Preferences(Core):
+    def preferences_of(self, user: str | None, statuses: tuple[str, ...] = STATUSES) -> list[dict[str, Any]]:
+        """The user's rows in these statuses: active first, then by the shortlist's prior."""
+        marks = ", ".join("?" * len(statuses))
+        return self.query(
+            f"SELECT * FROM preferences WHERE user IS ? AND status IN ({marks}) "
+            "ORDER BY status = 'active' DESC, shortlisted DESC, prior DESC, id", (user, *statuses))
+
+    def active_preferences(self, user: str | None) -> list[dict[str, Any]]:
+        return self.preferences_of(user, ("active",))
+
+    def serving_preferences(self) -> list[dict[str, Any]]:
+        """Every user's active and shortlisted rows: what the proxy may apply or try (read every second)."""
+        return self.query(
+            "SELECT id, user, text, status, prior, tries, good, bad, absorbed FROM preferences "
+            "WHERE status = 'active' OR (status = 'candidate' AND shortlisted = 1) ORDER BY id")
+
+    def preference(self, pref_id: int) -> dict[str, Any] | None:
+        return self.query_one("SELECT * FROM preferences WHERE id=?", (pref_id,))
+
+    def add_preference(self, user: str | None, text: str, source: str, *, status: str = "candidate",
+                       prior: float = 0.0, shortlisted: bool = False) -> int:
+        """The row for ``(user, text)``: created, or the existing one's id (its evidence kept). A
+        manual add makes a removed or demoted one active again."""
+        now = time.time()
+        with self.transaction() as conn:
+            row = conn.execute("SELECT id, status FROM preferences WHERE user IS ? AND text = ?",
+                               (user, text)).fetchone()
+            if row is not None:
+                if status == "active" and row["status"] != "active":
+                    conn.execute("UPDATE preferences SET status='active', activated_at=?, updated_at=?, "
+                                 "source=? WHERE id=?", (now, now, source, row["id"]))
+                return int(row["id"])
+            cur = conn.execute(
+                "INSERT INTO preferences (user, text, source, status, prior, shortlisted, created_at, "
+                "updated_at, activated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (user, text, source, status, prior, int(shortlisted), now, now,
+                 now if status == "active" else None))
+            return int(cur.lastrowid or 0)
+
+    def set_shortlist(self, user: str | None, items: list[tuple[str, str, float]]) -> None:
+        """The user's shortlist is now ``items`` (text, source, prior): those are added or refreshed
+        and shortlisted; the user's other candidates leave the shortlist with their evidence kept.
+        Removed, demoted and active rows keep their status."""
+        now = time.time()
+        with self.transaction() as conn:
+            conn.execute("UPDATE preferences SET shortlisted = 0 WHERE user IS ? AND status = 'candidate'", (user,))
+            for text, source, prior in items:
+                row = conn.execute("SELECT id FROM preferences WHERE user IS ? AND text = ?", (user, text)).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO preferences (user, text, source, status, prior, shortlisted, created_at, "
+                        "updated_at) VALUES (?, ?, ?, 'candidate', ?, 1, ?, ?)", (user, text, source, prior, now, now))
+                else:
+                    conn.execute("UPDATE preferences SET shortlisted = 1, prior = ?, updated_at = ? WHERE id = ?",
+                                 (prior, now, row["id"]))
+
+    def set_preference_status(self, pref_id: int, status: str) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown preference status {status!r}")
+        now = time.time()
+        values: dict[str, Any] = {"status": status, "updated_at": now}
+        values["absorbed"] = 0  # (re)activated: served in the prompt until the adapter absorbs it again
+        if status == "active":
+            values["activated_at"] = now  # its demotion window starts here
+        self.update("preferences", "id", pref_id, values)
+
+    def set_preference_gap(self, pref_id: int, gap: float, absorbed: bool) -> None:
+        self.update("preferences", "id", pref_id, {"gap": gap, "absorbed": int(absorbed), "updated_at": time.time()})
+
+    def served_under(self, pref_id: int, limit: int = 8, since: float | None = None) -> list[dict[str, Any]]:
+        """The newest judged replies served with this preference (tried or applied; with ``since``,
+        only replies served after that time), newest first: turn_id, role, score, created_at."""
+        return self.query(
+            "SELECT t.id AS turn_id, t.instruction_role AS role, j.score, t.created_at FROM turns t "
+            "JOIN judgments j ON j.turn_id = t.id WHERE t.response_tool_calls IS NULL AND t.created_at >= ? AND "
+            "(t.instruction_id = ? OR EXISTS (SELECT 1 FROM json_each(t.applied_ids) WHERE value = ?)) "
+            "ORDER BY t.id DESC LIMIT ?", (since or 0.0, pref_id, pref_id, limit))
+
+    def judgment_hints(self, turn_ids: list[int]) -> dict[int, str | None]:
+        """turn id -> its judgment's hint (None: no hint), for the judged ones of these turns."""
+        if not turn_ids:
+            return {}
+        return {r["turn_id"]: r["hint"] for r in self.query(
+            f"SELECT turn_id, hint FROM judgments WHERE turn_id IN ({', '.join('?' * len(turn_ids))})", turn_ids)}
+
+    def recent_scores(self, user: str | None, limit: int = 4) -> list[dict[str, Any]]:
+        """The user's newest judged main turns, newest first: turn_id, score, role (try | apply | None)."""
+        return self.query(
+            "SELECT t.id AS turn_id, j.score, t.instruction_role AS role FROM turns t "
+            "JOIN judgments j ON j.turn_id = t.id WHERE t.user IS ? AND t.kind = 'main' "
+            "ORDER BY t.id DESC LIMIT ?", (user, limit))
+
+    def trying_counts(self, user: str | None) -> dict[str, int]:
+        """The user's main turns: all of them, and those served under a tried candidate."""
+        return self.query_row(
+            "SELECT COUNT(*) AS turns, COALESCE(SUM(instruction_role = 'try'), 0) AS tried "
+            "FROM turns WHERE user IS ? AND kind = 'main'", (user,))
+
+    def _count_evidence(self, conn: Any, turn_id: int, score: int) -> None:
+        """Inside the judgment's transaction: a scored reply served under instructions counts for
+        each of them (a reply that called a tool says nothing about style)."""
+        row = conn.execute("SELECT instruction_id, applied_ids, response_tool_calls FROM turns WHERE id=?",
+                           (turn_id,)).fetchone()
+        if row is None or row["response_tool_calls"] is not None:
+            return
+        ids = set()
+        if row["instruction_id"] is not None:
+            ids.add(int(row["instruction_id"]))
+        applied = row["applied_ids"]
+        if isinstance(applied, str):  # a connection without the row factory's JSON decoding
+            import orjson
+
+            applied = orjson.loads(applied)
+        ids.update(int(i) for i in applied or ())
+        for pid in ids:
+            conn.execute("UPDATE preferences SET tries = tries + 1, good = good + ?, bad = bad + ?, "
+                         "updated_at = ? WHERE id = ?", (int(score == 1), int(score == -1), time.time(), pid))

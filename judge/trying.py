@@ -1,0 +1,112 @@
+"""Learning by trying, the judge's half: after each judgment, a user's candidates and preferences.
+
+The proxy serves an unhappy user's next answers under candidate instructions (``clawproxy/proxy/
+trying.py``); the judge's sign on each such reply is counted as that candidate's evidence in the
+judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
+
+- **shortlist**: after a complaint, the user's candidates are the bank's instructions
+  (``judge/data/instructions.txt``) nearest their recent complaints by sentence embedding, and up to
+  two short complaints of their own that the judge took a hint from ("shorter, please");
+- **promote**: a candidate with at least ``promote_good`` good replies and ``promote_ratio`` good per
+  bad becomes an active preference;
+- **demote**: an active preference whose last ``demote_window`` scored replies hold ``demote_bad``
+  bad ones goes back into the prompt if the adapter had absorbed it, else is demoted.
+
+Only instructions about style and form are candidates: the bank holds nothing else, and a complaint
+that asks the model to agree or concede is never one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clawproxy.config import TryingConfig
+from clawproxy.store import Store
+from judge.hints import InstructionChooser
+
+log = logging.getLogger(__name__)
+
+SAID_KEPT = 2  # the user's own words: the newest two complaints, beside the bank's nearest
+MEMORY_READ = 6  # complaints the shortlist is computed from, newest first
+# A complaint that asks for agreement, not for a style: never served back as an instruction.
+_NOT_STYLE = re.compile(r"\b(agree|admit|concede|apolog\w*|say (?:yes|that|i'?m)|i'?m right|you'?re wrong)\b",
+                        re.IGNORECASE)
+
+
+def said_instruction(text: str, max_words: int) -> str | None:
+    """The user's complaint as a candidate instruction, or None: too long, empty or not about style."""
+    text = " ".join(text.split()).strip()
+    if not text or len(text.split()) > max_words or _NOT_STYLE.search(text):
+        return None
+    return text
+
+
+def promotable(row: dict[str, Any], cfg: TryingConfig) -> bool:
+    good, bad = int(row["good"]), int(row["bad"])
+    return good >= cfg.promote_good and good >= cfg.promote_ratio * bad
+
+
+@dataclass
+class Trier:
+    store: Store
+    cfg: TryingConfig
+    chooser: InstructionChooser | None = None  # built on first use: the embedding model loads once
+    embed: Callable[[list[str]], Any] | None = None
+
+    def after_judgment(self, turn: dict[str, Any], score: int, hint: str | None) -> None:
+        """Update the turn's user's shortlist (after a complaint), then promote and demote."""
+        user = turn.get("user")
+        if score == -1 and self.cfg.enabled:
+            self.shortlist(user)
+        self.promote_demote(user)
+
+    def shortlist(self, user: str | None) -> None:
+        complaints = self.store.reactions_of(user, limit=MEMORY_READ, score=-1)
+        texts = [r["text"] for r in complaints if r["text"].strip()]
+        if not texts:
+            return
+        known = {r["text"]: r for r in self.store.preferences_of(user)}
+        said: list[str] = []
+        hinted = self._hinted([int(r["turn_id"]) for r in complaints])
+        for r in complaints:
+            cand = said_instruction(r["text"], self.cfg.said_max_words) if int(r["turn_id"]) in hinted else None
+            if cand and cand not in said and known.get(cand, {}).get("status") not in ("removed", "demoted"):
+                said.append(cand)
+            if len(said) == SAID_KEPT:
+                break
+        if self.chooser is None:
+            self.chooser = InstructionChooser(embed=self.embed, shortlist=self.cfg.shortlist + len(known))
+        near = [(sim, x) for sim, x in self.chooser.nearest(texts)
+                if known.get(x, {}).get("status") not in ("removed", "demoted", "active")]
+        room = max(self.cfg.shortlist - len(said), 1)
+        top = near[:room]
+        best = max((s for s, _ in top), default=1.0)
+        # the user's own words lead: they said what they want; the bank's rank stands beside them
+        items = [(x, "said", float(best)) for x in said] + [(x, "bank", float(s)) for s, x in top]
+        self.store.set_shortlist(user, items[: self.cfg.shortlist])
+
+    def _hinted(self, turn_ids: list[int]) -> set[int]:
+        """Of these turns, those whose judgment carries a hint (the reply said what to change)."""
+        return {t for t, h in self.store.judgment_hints(turn_ids).items() if h}
+
+    def promote_demote(self, user: str | None) -> None:
+        for row in self.store.preferences_of(user, ("candidate", "active")):
+            if row["status"] == "candidate" and row["shortlisted"] and promotable(row, self.cfg):
+                self.store.set_preference_status(row["id"], "active")
+                log.info("user %s: preference found after %d tries (%d good, %d bad): %s",
+                         user, row["tries"], row["good"], row["bad"], row["text"])
+            elif row["status"] == "active":
+                served = self.store.served_under(row["id"], self.cfg.demote_window * 2, since=row["activated_at"])
+                scores = [r["score"] for r in served if r["score"] != 0][: self.cfg.demote_window]
+                if sum(s == -1 for s in scores) < self.cfg.demote_bad:
+                    continue
+                if row["absorbed"]:
+                    self.store.set_preference_status(row["id"], "active")  # back in the prompt, a new window
+                    log.info("user %s: replies turned bad without the prompt; serving it again: %s", user, row["text"])
+                else:
+                    self.store.set_preference_status(row["id"], "demoted")
+                    log.info("user %s: preference demoted, its replies turned bad: %s", user, row["text"])
