@@ -17,6 +17,7 @@ from clawproxy.cli_options import build_config, config_options
 from clawproxy.config import Config
 from clawproxy.errors import ClawproxyError
 from clawproxy.store import Store
+from clawproxy.store.preferences import shown_preferences
 from clawproxy.users import adapter_name, check_name, create
 
 
@@ -116,8 +117,7 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
                  "about": last_user_text(r["request_messages"] or [])[:200]}
                 for r in store.reactions_of(name, limit=limit)]
         judged = store.judge_summary(name, all_users=False)
-        prefs = [_pref_row(p, cfg) for p in store.preferences_of(name, ("active", "candidate", "demoted"))
-                 if p["status"] != "candidate" or p["shortlisted"] or p["tries"]]
+        prefs = shown_preferences(store.preferences_of(name, ("active", "candidate", "demoted")), cfg.trying.apply)
         trying = {**store.trying_counts(name), "on": cfg.trying.enabled and not (user and not user["trying"])}
     finally:
         store.close()
@@ -157,23 +157,6 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
         table.add_row(str(r["turn_id"]), "praised" if r["score"] > 0 else "complained",
                       escape(r["said"]), escape(r["about"]))
     console.print(table)
-
-
-def _pref_row(p: dict, cfg: Config) -> dict:
-    """A preference as `users show` and the dashboard show it: with where it acts now."""
-    served = "-"
-    if p["status"] == "active":
-        if cfg.trying.apply == "prompt":
-            served = "in the prompt"
-        elif cfg.trying.apply == "weights":
-            served = "in the weights"
-        else:
-            served = "in the weights (prompt dropped)" if p["absorbed"] else "in the prompt, being distilled"
-    elif p["status"] == "candidate":
-        served = "shortlisted" if p["shortlisted"] else "tried before"
-    return {"id": p["id"], "status": p["status"], "text": p["text"], "source": p["source"], "tries": p["tries"],
-            "good": p["good"], "bad": p["bad"], "served": served, "gap": p["gap"], "absorbed": bool(p["absorbed"]),
-            "activated_at": p["activated_at"]}
 
 
 def _who_and(args: tuple[str, ...], what: str, store: Store) -> tuple[str | None, str]:

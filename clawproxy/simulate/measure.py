@@ -76,6 +76,8 @@ class Curve:
     # several users: each other persona's adoption on the base model's answers at point 0
     cross_baseline: dict[str, float] = field(default_factory=dict)
     trained: int | None = None  # several users: turns this user's own adapter trained on
+    # learning by trying: what was tried and found (StoreView.trying_report)
+    trying: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

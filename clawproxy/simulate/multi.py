@@ -267,6 +267,7 @@ async def simulate_users(s: SimSettings, users: list[SimUser], *, max_staleness:
             if not s.oracle:
                 curve.judge_agreement = await asyncio.to_thread(view.judge_agreement, its)
             curve.samples = await asyncio.to_thread(view.sample_accounting, its)
+            curve.trying = await asyncio.to_thread(view.trying_report, its, u.name)
             curve.trained = await asyncio.to_thread(view.trained, u.name)
             curve.settings["train_met_rate"] = (sum(i.met for i in its) / len(its)) if its else None
     finally:
@@ -289,6 +290,7 @@ def summary(curves: list[Curve]) -> dict[str, Any]:
                                            for p in c.points if o in p.cross_talk}}
                        for o, base in c.cross_baseline.items()},
         "trained": c.trained, "judge_agreement": c.judge_agreement, "samples": c.samples, "wall_s": c.wall_s,
+        "trying": c.trying,
     } for c in curves]}
 
 

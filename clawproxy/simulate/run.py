@@ -147,6 +147,50 @@ class StoreView:
             out[key] += 1
         return out
 
+    def trying_report(self, interactions: list[Interaction], user: str | None = None) -> dict[str, Any]:
+        """Learning by trying on this run: the share of answers tried, when a preference was found
+        and what the user saw after it, the judge on the tried answers, the preferences with their
+        evidence, and each train step's kl_behaviour and clip fraction."""
+        rows = self._turn_rows(interactions)
+        tried = [(it, r) for it, r in rows if r["instruction_role"] == "try"]
+        prefs = self.store.preferences_of(user)
+        found = min((p["activated_at"] for p in prefs if p["activated_at"] is not None and p["source"] != "manual"),
+                    default=None)
+        found_at = None if found is None else sum(1 for _, r in rows if r["created_at"] <= found)
+        after = rows[found_at:] if found_at is not None else []
+        judge = {"right": 0, "zero": 0, "wrong": 0, "unjudged": 0}
+        for it, r in tried:
+            score = r["score"]
+            judge["unjudged" if score is None else "zero" if score == 0
+                  else "right" if score == it.intended else "wrong"] += 1
+
+        def real(pairs: list[tuple[Interaction, dict[str, Any]]]) -> float | None:
+            return round(sum(it.problem is None for it, _ in pairs) / len(pairs), 3) if pairs else None
+
+        def met(pairs: list[tuple[Interaction, dict[str, Any]]]) -> float | None:
+            return round(sum(it.met for it, _ in pairs) / len(pairs), 3) if pairs else None
+
+        steps = []
+        for st in self.store.step_figures(user):
+            m = st["metrics"] or {}
+            steps.append({"status": st["status"], "samples": m.get("samples"),
+                          "kl_behaviour": m.get("kl_behaviour"), "clip_frac": m.get("clip_frac"),
+                          "opd_gap": m.get("opd_gap_mean"), "kinds": m.get("kinds")})
+        return {
+            "answers": len(rows), "tried": len(tried),
+            "tried_share": round(len(tried) / len(rows), 3) if rows else None,
+            "found_at": found_at,
+            "tried_share_after_found": (round(sum(r["instruction_role"] == "try" for _, r in after) / len(after), 3)
+                                        if after else None),
+            "served_adoption": met(rows), "served_adoption_after_found": met(after),
+            "judge_on_tried": judge,
+            "real_answer_share": {"tried": real(tried),
+                                  "untried": real([(it, r) for it, r in rows if r["instruction_role"] != "try"])},
+            "preferences": [{k: p[k] for k in ("id", "text", "source", "status", "tries", "good", "bad",
+                                               "absorbed", "gap")} for p in prefs if p["tries"] or p["status"] == "active"],
+            "steps": steps,
+        }
+
     def sample_accounting(self, interactions: list[Interaction]) -> dict[str, int]:
         """What became of each interaction: trained (by sample kind: rl, rl_opd, opd), or why not
         (the trainer's skip reason, the recorder's reason for an untrainable turn, not judged yet,
@@ -290,6 +334,7 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
         if not s.oracle:
             curve.judge_agreement = await asyncio.to_thread(view.judge_agreement, interactions)
         curve.samples = await asyncio.to_thread(view.sample_accounting, interactions)
+        curve.trying = await asyncio.to_thread(view.trying_report, interactions)
         view.close()
     curve.wall_s = round(time.monotonic() - t0, 1)
     curve.settings["train_met_rate"] = (sum(i.met for i in interactions) / len(interactions)) if interactions else None

@@ -18,6 +18,26 @@ from clawproxy.store.core import Core
 STATUSES = ("candidate", "active", "demoted", "removed")
 
 
+def where_it_acts(row: dict[str, Any], apply: str) -> str:
+    """Where a preference acts now, in words (``trying.apply``): `users show` and the dashboard."""
+    if row["status"] == "active":
+        if apply == "prompt":
+            return "in the prompt"
+        if apply == "weights":
+            return "in the weights"
+        return "in the weights (prompt dropped)" if row["absorbed"] else "in the prompt, being distilled"
+    if row["status"] == "candidate":
+        return "shortlisted" if row["shortlisted"] else "tried before"
+    return row["status"]
+
+
+def shown_preferences(rows: list[dict[str, Any]], apply: str) -> list[dict[str, Any]]:
+    """The rows a person looks at: active, demoted, and candidates shortlisted or tried, with where each acts."""
+    return [{**{k: r[k] for k in ("id", "status", "text", "source", "tries", "good", "bad", "gap", "activated_at")},
+             "absorbed": bool(r["absorbed"]), "served": where_it_acts(r, apply)}
+            for r in rows if r["status"] in ("active", "demoted") or r["shortlisted"] or r["tries"]]
+
+
 class Preferences(Core):
     def preferences_of(self, user: str | None, statuses: tuple[str, ...] = STATUSES) -> list[dict[str, Any]]:
         """The user's rows in these statuses: active first, then by the shortlist's prior."""

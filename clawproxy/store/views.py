@@ -87,11 +87,17 @@ class Views(Core):
         """Main turns of the sessions whose id starts with ``session_prefix``, by id: id, turn_index,
         trainable, reason, next_state and the judge's score (None when not judged)."""
         return self.query(
-            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, j.score FROM turns t "
+            "SELECT t.id, t.turn_index, t.trainable, t.reason, t.next_state, t.created_at, t.instruction, "
+            "t.instruction_role, t.applied_ids, j.score FROM turns t "
             "LEFT JOIN judgments j ON j.turn_id = t.id WHERE t.session_id LIKE ? AND t.kind='main' "
             "ORDER BY t.id",
             (session_prefix + "%",),
         )
+
+    def step_figures(self, of_user: str | None = None) -> list[dict[str, Any]]:
+        """Every train step of one adapter, oldest first: id, status, created_at and its metrics."""
+        return self.query("SELECT id, status, created_at, metrics FROM train_steps WHERE user IS ? ORDER BY id",
+                          (of_user,))
 
     def turns_and_sessions_since(self, since: float) -> dict[str, int]:
         """Turns recorded since ``since`` and the sessions they belong to."""

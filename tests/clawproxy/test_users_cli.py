@@ -114,3 +114,28 @@ async def test_remove_asks_first(setup):
                                                            "--data-dir", rig.cfg.data_dir], input="n\n")
     assert r.exit_code != 0 and "Remove user alice" in r.output
     assert "alice" in await _cli(config, rig, "users", "list")
+
+
+async def test_prefer_show_unprefer_and_trying_off(setup):
+    rig, app, config = setup
+    await _cli(config, rig, "users", "add", "ann")
+    await _cli(config, rig, "users", "add", "ben")
+    out = await _cli(config, rig, "users", "prefer", "ann", "Answer in bullet points.")
+    pid = int(re.search(r"preference (\d+) active", out).group(1))
+    shown = json.loads(await _cli(config, rig, "users", "show", "ann", "--json"))
+    assert [(p["id"], p["status"], p["text"], p["source"], p["served"]) for p in shown["preferences"]] == [
+        (pid, "active", "Answer in bullet points.", "manual", "in the prompt, being distilled")]
+    assert shown["trying"] == {"turns": 0, "tried": 0, "on": True}
+    assert json.loads(await _cli(config, rig, "users", "show", "ben", "--json"))["preferences"] == []
+    table = await _cli(config, rig, "users", "show", "ann")
+    assert "what was found by trying" in table and "Answer in bullet points." in table
+    # ben cannot remove ann's, a typo says how to find the id, a proxy with users needs a name
+    out = await _cli(config, rig, "users", "unprefer", "ben", str(pid), ok=False)
+    assert "users show" in out
+    out = await _cli(config, rig, "users", "prefer", "Be brief.", ok=False)
+    assert "name one" in out
+    out = await _cli(config, rig, "users", "unprefer", "ann", str(pid))
+    assert "removed preference" in out
+    assert json.loads(await _cli(config, rig, "users", "show", "ann", "--json"))["preferences"] == []
+    await _cli(config, rig, "users", "trying", "ann", "--off")
+    assert json.loads(await _cli(config, rig, "users", "show", "ann", "--json"))["trying"]["on"] is False

@@ -12,7 +12,9 @@ from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.batch import (
     add_hint,
+    prompt_ids,
     select_samples,
+    student_prompt_ids,
     teacher_prompt_ids,
 )
 from trainer.config import TrainerConfig
@@ -229,3 +231,33 @@ def test_gate_sees_a_sentence_looped_with_variations(default_model_dir):
     ids = tok(loop, add_special_tokens=False)["input_ids"]
     assert canary_broken(ids, set(), tok.decode)
     assert not canary_broken(tok(prose, add_special_tokens=False)["input_ids"], set(), tok.decode)
+
+
+def test_a_turn_served_under_an_instruction_trains_the_student_without_it(store, default_model_dir):
+    """The proxy added a preference upstream: the recorded prompt ids hold it. The student's prompt is
+    the client's request without it; the teacher's is the request with the active preference, which
+    is the served prompt itself; every sample of the user is distilled from that preference."""
+    from transformers import AutoTokenizer
+
+    from clawproxy.instruct import add_hint as served_with
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    messages = [{"role": "system", "content": "You are helpful."},
+                {"role": "user", "content": "How do clouds form?"}]
+    pref = "Use bullet points for lists of items."
+    served = prompt_ids(tok, served_with(messages, pref), None, None, tools_as_text=False)
+    plain = prompt_ids(tok, messages, None, None, tools_as_text=False)
+    tid = insert_turn(store, prompt_ids=served, completion_ids=_ids(8), messages=messages, score=0,
+                      hint="An earlier answer got the reply 'hmm'.")
+    store.update("turns", "id", tid, {"instruction": pref, "instruction_role": "apply"})
+    other = insert_turn(store, prompt_ids=plain, completion_ids=_ids(8, 1), messages=messages, score=0)
+
+    sel = select_samples(store, TrainerConfig(), 0, tools_as_text=False)
+    assert [s.turn_id for s in sel.samples] == [tid] and sel.skipped == {other: "score_0"}  # no preference yet
+    sel = select_samples(store, TrainerConfig(), 0, tools_as_text=False, distill=pref)
+    a, b = sel.samples
+    assert (a.turn_id, b.turn_id) == (tid, other) and a.kind == b.kind == "opd"  # a score 0 still teaches the style
+    assert a.hint == b.hint == pref and a.served_instruction == pref and b.served_instruction is None
+    assert student_prompt_ids(tok, a) == plain != served  # the student never sees the instruction
+    assert student_prompt_ids(tok, b) == plain
+    assert teacher_prompt_ids(tok, a) == served == teacher_prompt_ids(tok, b)

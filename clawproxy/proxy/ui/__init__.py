@@ -41,6 +41,7 @@ from clawproxy.errors import ClawproxyError, Forbidden, NotFound, RequestError, 
 from clawproxy.openclaw import last_user_text
 from clawproxy.simulate.measure import adoption_curves
 from clawproxy.store import Store
+from clawproxy.store.preferences import shown_preferences
 from clawproxy.turn_view import turn_view
 
 log = logging.getLogger("clawproxy.ui")
@@ -312,8 +313,10 @@ async def memory(request: web.Request) -> web.Response:
         pick = _of_user(s, user)
         rows = [{**r, "about": last_user_text(r["request_messages"] or [])[:300]}
                 for r in s.reactions_of(user, limit=MEMORY_ROWS)]
+        prefs = shown_preferences(s.preferences_of(user, ("active", "candidate", "demoted")), ui.cfg.trying.apply)
         return {**pick, "reactions": rows, "counts": s.reaction_counts(user),
-                "verdicts": s.judge_summary(user, all_users=False)}
+                "verdicts": s.judge_summary(user, all_users=False), "preferences": prefs,
+                "trying": s.trying_counts(user)}
 
     return _page(request, "memory.html", await ui.read(read))
 

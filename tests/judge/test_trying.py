@@ -1,0 +1,96 @@
+"""Learning by trying, the judge's half: a complaint shortlists candidates (the bank's nearest and the
+user's own words), each judged reply served under one counts as its evidence once, a candidate that
+passes the rule becomes a preference, and one whose replies turn bad is demoted."""
+
+from __future__ import annotations
+
+import threading
+
+from clawproxy.config import TryingConfig
+from judge.trying import Trier, said_instruction
+from judge.voters import LexicalVoter
+from judge.worker import Worker
+from tests.judge.conftest import add_turn
+
+
+def _served(store, turn_id: int, *, tried: int | None = None, applied: list[int] | None = None) -> None:
+    store.update("turns", "id", turn_id, {"instruction": "x", "instruction_id": tried, "applied_ids": applied,
+                                          "instruction_role": "try" if tried else "apply"})
+
+
+def _judge(store, trier) -> int:
+    return Worker(store, LexicalVoter(), votes=3, trier=trier).run(False, 0.01, threading.Event())
+
+
+def test_a_complaint_shortlists_the_banks_nearest_and_the_users_own_words(store):
+    add_turn(store, "s", request="explain how tides work", response="(a long essay)",
+             next_user="this is far too wordy, trim it down")
+    trier = Trier(store, TryingConfig(shortlist=6))
+    assert _judge(store, trier) == 1
+    rows = store.preferences_of(None)
+    assert len(rows) == 6 and all(r["shortlisted"] and r["status"] == "candidate" for r in rows)
+    said = [r for r in rows if r["source"] == "said"]
+    assert [r["text"] for r in said] == ["this is far too wordy, trim it down"]
+    bank = [r["text"] for r in rows if r["source"] == "bank"]
+    # the bank's nearest are about length; none is about, say, tables or tone
+    assert any("concise" in x.lower() or "short" in x.lower() or "words" in x.lower() for x in bank[:3]), bank
+    assert store.serving_preferences() and {r["id"] for r in store.serving_preferences()} == {r["id"] for r in rows}
+
+
+def test_praise_shortlists_nothing_and_a_request_for_agreement_is_never_a_candidate(store):
+    add_turn(store, "s", request="capital of Peru?", response="Lima.", next_user="thanks, perfect")
+    _judge(store, Trier(store, TryingConfig()))
+    assert store.preferences_of(None) == []
+    assert said_instruction("just admit you're wrong", 12) is None
+    assert said_instruction("shorter next time please", 12) == "shorter next time please"
+    assert said_instruction(" ".join(["word"] * 13), 12) is None
+
+
+def test_evidence_is_counted_once_and_a_candidate_that_passes_the_rule_becomes_active(store):
+    cfg = TryingConfig(promote_good=2, promote_ratio=2.0)
+    pid = store.add_preference(None, "Keep replies short and to the point.", "bank", shortlisted=True, prior=0.6)
+    good = [add_turn(store, f"s{i}", request=f"question {i}", response="Short.", next_user="thanks, perfect")
+            for i in range(2)]
+    toolish = add_turn(store, "t", request="read it", response="Short.", next_user="thanks!",
+                       tool_calls=[{"id": "c", "function": {"name": "read", "arguments": "{}"}}])
+    for t in [*good, toolish]:
+        _served(store, t, tried=pid)
+    trier = Trier(store, cfg)
+    _judge(store, trier)
+    row = store.preference(pid)
+    # the reply that called a tool says nothing about style: not counted
+    assert (row["tries"], row["good"], row["bad"], row["status"]) == (2, 2, 0, "active")
+    assert row["activated_at"] is not None
+    assert _judge(store, trier) == 0 and store.preference(pid)["tries"] == 2  # judged once, counted once
+
+
+def test_not_enough_good_per_bad_stays_a_candidate(store):
+    pid = store.add_preference(None, "Use bullet points for lists of items.", "bank", shortlisted=True)
+    turns = [add_turn(store, "s", request="q", response="a", next_user=reply)
+             for reply in ("no, that's wrong", "no, that is not it", "thanks, perfect", "thanks, perfect")]
+    for t in turns:
+        _served(store, t, tried=pid)
+    _judge(store, Trier(store, TryingConfig(promote_good=2, promote_ratio=2.0, shortlist=6)))
+    row = store.preference(pid)
+    assert (row["good"], row["bad"]) == (2, 2) and row["status"] == "candidate"
+
+
+def test_an_active_preference_whose_replies_turn_bad_is_demoted_and_an_absorbed_one_goes_back_to_the_prompt(store):
+    cfg = TryingConfig(demote_window=4, demote_bad=3)
+    pid = store.add_preference(None, "Answer in one sentence.", "manual", status="active")
+    store.set_preference_gap(pid, 0.001, absorbed=True)
+    bad = [add_turn(store, "s", request="q", response="a", next_user="no, that's wrong, redo it")
+           for _ in range(3)]
+    for t in bad:
+        _served(store, t, applied=[pid])
+    trier = Trier(store, cfg)
+    _judge(store, trier)
+    row = store.preference(pid)
+    assert row["status"] == "active" and not row["absorbed"]  # first back into the prompt
+    more = [add_turn(store, "s", request="q", response="a", next_user="no, that's wrong, redo it")
+            for _ in range(3)]
+    for t in more:
+        _served(store, t, applied=[pid])
+    _judge(store, trier)
+    assert store.preference(pid)["status"] == "demoted"
+    assert store.serving_preferences() == [] or all(r["id"] != pid for r in store.serving_preferences())
