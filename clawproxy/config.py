@@ -346,6 +346,9 @@ class TryingConfig:
     max_share: float = setting(
         0.34, "At most this share of a user's main turns is tried.", gt=0, le=1)
     max_tries: int = setting(48, "At most this many tried answers per user, ever (0: none).", ge=0)
+    abstain_weight: float = setting(
+        0.5, "A reply the judge abstained on counts for a candidate as this much of a good or bad reply, "
+        "by its majority's sign: the bandit may lean on an unsure verdict, the weights never do.", ge=0, le=1)
     promote_good: int = setting(
         2, "A candidate becomes an active preference with at least this many replies judged good "
         "under it (and promote_ratio good per bad).", ge=1)

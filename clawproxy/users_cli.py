@@ -144,7 +144,8 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
             ptable.add_column(col, overflow="fold")
         for p in prefs:
             ptable.add_row(str(p["id"]), p["status"], escape(p["text"]), p["source"], str(p["tries"]),
-                           str(p["good"]), str(p["bad"]), p["served"])
+                           f"{p['good']} (+{p['leaned_good']} unsure)", f"{p['bad']} (+{p['leaned_bad']} unsure)",
+                           p["served"])
         console.print(ptable)
     if not rows:
         console.print("nothing told yet: reactions appear here once the judge scores a turn they replied to.")

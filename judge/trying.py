@@ -4,9 +4,10 @@ The proxy serves an unhappy user's next answers under candidate instructions (``
 trying.py``); the judge's sign on each such reply is counted as that candidate's evidence in the
 judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
 
-- **shortlist**: after a complaint, the user's candidates are the bank's instructions
-  (``judge/data/instructions.txt``) nearest their recent complaints by sentence embedding, and up to
-  two short complaints of their own that the judge took a hint from ("shorter, please");
+- **shortlist**: after a complaint, the user's shortlisted candidates that have not failed stay,
+  and the free places go to up to two short complaints of their own that the judge took a hint
+  from ("shorter, please"), then to the bank's instructions (``judge/data/instructions.txt``)
+  nearest their recent complaints by sentence embedding;
 - **promote**: a candidate with at least ``promote_good`` good replies and ``promote_ratio`` good per
   bad becomes an active preference;
 - **demote**: an active preference whose last ``demote_window`` scored replies hold ``demote_bad``
@@ -45,9 +46,23 @@ def said_instruction(text: str, max_words: int) -> str | None:
     return text
 
 
+def evidence(row: dict[str, Any], abstain_weight: float) -> tuple[float, float]:
+    """(good, bad): the judged replies, and the abstentions at ``abstain_weight`` by their majority."""
+    return (int(row["good"]) + abstain_weight * int(row["leaned_good"]),
+            int(row["bad"]) + abstain_weight * int(row["leaned_bad"]))
+
+
+def failed(row: dict[str, Any], abstain_weight: float) -> bool:
+    """A candidate with at least two more bad replies than good: it leaves the shortlist."""
+    good, bad = evidence(row, abstain_weight)
+    return bad - good >= 2
+
+
 def promotable(row: dict[str, Any], cfg: TryingConfig) -> bool:
-    good, bad = int(row["good"]), int(row["bad"])
-    return good >= cfg.promote_good and good >= cfg.promote_ratio * bad
+    """At least one reply judged good outright, and ``promote_good`` and ``promote_ratio`` met with
+    the abstentions counted at their weight."""
+    good, bad = evidence(row, cfg.abstain_weight)
+    return int(row["good"]) >= 1 and good >= cfg.promote_good and good >= cfg.promote_ratio * bad
 
 
 @dataclass
@@ -65,29 +80,37 @@ class Trier:
         self.promote_demote(user)
 
     def shortlist(self, user: str | None) -> None:
+        """Keep the shortlisted candidates that have not failed (their evidence stands), and fill
+        the free places with the user's newest short complaints, then the bank's nearest to their
+        recent complaints: a shortlist that churned with every complaint would waste its tries."""
         complaints = self.store.reactions_of(user, limit=MEMORY_READ, score=-1)
         texts = [r["text"] for r in complaints if r["text"].strip()]
         if not texts:
             return
         known = {r["text"]: r for r in self.store.preferences_of(user)}
+        w = self.cfg.abstain_weight
+        kept = [r for r in known.values() if r["status"] == "candidate" and r["shortlisted"] and not failed(r, w)]
+        taken = {r["text"] for r in kept}
+
+        def free(text: str) -> bool:
+            row = known.get(text)
+            return text not in taken and (row is None or (row["status"] == "candidate" and not failed(row, w)))
+
         said: list[str] = []
         hinted = self._hinted([int(r["turn_id"]) for r in complaints])
         for r in complaints:
             cand = said_instruction(r["text"], self.cfg.said_max_words) if int(r["turn_id"]) in hinted else None
-            if cand and cand not in said and known.get(cand, {}).get("status") not in ("removed", "demoted"):
+            if cand and cand not in said and free(cand):
                 said.append(cand)
-            if len(said) == SAID_KEPT:
-                break
         if self.chooser is None:
-            self.chooser = InstructionChooser(embed=self.embed, shortlist=self.cfg.shortlist + len(known))
-        near = [(sim, x) for sim, x in self.chooser.nearest(texts)
-                if known.get(x, {}).get("status") not in ("removed", "demoted", "active")]
-        room = max(self.cfg.shortlist - len(said), 1)
-        top = near[:room]
-        best = max((s for s, _ in top), default=1.0)
-        # the user's own words lead: they said what they want; the bank's rank stands beside them
-        items = [(x, "said", float(best)) for x in said] + [(x, "bank", float(s)) for s, x in top]
-        self.store.set_shortlist(user, items[: self.cfg.shortlist])
+            self.chooser = InstructionChooser(embed=self.embed, shortlist=self.cfg.shortlist * 4)
+        near = [(sim, x) for sim, x in self.chooser.nearest(texts) if free(x)]
+        best = max([s for s, _ in near] + [float(r["prior"]) for r in kept], default=1.0)
+        room = self.cfg.shortlist - len(kept)
+        # the user's own words first (at most SAID_KEPT of the places), then the bank by similarity
+        fresh = [(x, "said", best) for x in said[:SAID_KEPT]] + [(x, "bank", float(sim)) for sim, x in near]
+        items = [(r["text"], r["source"], float(r["prior"])) for r in kept] + fresh[: max(room, 0)]
+        self.store.set_shortlist(user, items)
 
     def _hinted(self, turn_ids: list[int]) -> set[int]:
         """Of these turns, those whose judgment carries a hint (the reply said what to change)."""

@@ -94,11 +94,14 @@ class Trying:
         return plan.tried + 1 <= t.max_share * max(plan.turns + 1, SHARE_HORIZON)
 
     def pick(self, candidates: list[dict[str, Any]]) -> dict[str, Any]:
-        """Thompson sampling: each candidate's Beta(good, bad) draw, the shortlist's prior as one
-        extra good reply at most (the nearest to the complaints is tried first, all else equal)."""
+        """Thompson sampling: each candidate's Beta(good, bad) draw, abstentions at
+        ``trying.abstain_weight`` by their majority, the shortlist's prior as one extra good reply at
+        most (the nearest to the complaints is tried first, all else equal)."""
         top = max((float(c["prior"]) for c in candidates), default=0.0) or 1.0
-        draws = [(self.rng.betavariate(1 + int(c["good"]) + max(float(c["prior"]), 0.0) / top,
-                                       1 + int(c["bad"])), c) for c in candidates]
+        w = self.tcfg.abstain_weight
+        draws = [(self.rng.betavariate(
+            1 + int(c["good"]) + w * int(c.get("leaned_good", 0)) + max(float(c["prior"]), 0.0) / top,
+            1 + int(c["bad"]) + w * int(c.get("leaned_bad", 0))), c) for c in candidates]
         return max(draws, key=lambda d: d[0])[1]
 
     def choose(self, user: str | None) -> Served | None:

@@ -187,7 +187,7 @@ class StoreView:
             "real_answer_share": {"tried": real(tried),
                                   "untried": real([(it, r) for it, r in rows if r["instruction_role"] != "try"])},
             "preferences": [{k: p[k] for k in ("id", "text", "source", "status", "tries", "good", "bad",
-                                               "absorbed", "gap")} for p in prefs if p["tries"] or p["status"] == "active"],
+                                               "leaned_good", "leaned_bad", "absorbed", "gap", "activated_at")} for p in prefs if p["tries"] or p["status"] == "active"],
             "steps": steps,
         }
 

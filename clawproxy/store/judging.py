@@ -8,6 +8,7 @@ from typing import Any
 
 from clawproxy.store.core import Core
 from clawproxy.store.lifecycle import TRAINABLE_SQL
+from clawproxy.store.preferences import count_evidence
 
 # The judge's queue, oldest first: every turn the judge is yet to score.
 _UNJUDGED = f"""
@@ -61,8 +62,7 @@ class Judging(Core):
                 conn.execute(
                     "INSERT INTO reactions (turn_id, user, score, text, created_at) "
                     "SELECT id, user, ?, ?, ? FROM turns WHERE id=?", (score, reaction, now, turn_id))
-            if score != 0:
-                self._count_evidence(conn, turn_id, score)
+            count_evidence(conn, turn_id, score, score if majority is None else majority)
         return True
 
     def add_judgment(self, turn_id: int, score: int, hint: str | None, voter: str) -> None:
@@ -71,7 +71,7 @@ class Judging(Core):
             cur = conn.execute("INSERT OR IGNORE INTO judgments (turn_id, score, hint, voter, created_at) "
                                "VALUES (?, ?, ?, ?, ?)", (turn_id, score, hint, voter, time.time()))
             if cur.rowcount and score != 0:
-                self._count_evidence(conn, turn_id, score)
+                count_evidence(conn, turn_id, score)
 
     def judge_summary(self, user: str | None = None, *, all_users: bool = True) -> dict[str, int]:
         """Judged turns: judged, scored (+1 or -1), abstained (a majority too unsure to train on),

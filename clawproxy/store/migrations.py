@@ -182,6 +182,8 @@ MIGRATIONS: list[str] = [
         tries         INTEGER NOT NULL DEFAULT 0, -- replies served under it and judged
         good          INTEGER NOT NULL DEFAULT 0, -- of those, judged +1
         bad           INTEGER NOT NULL DEFAULT 0, -- of those, judged -1
+        leaned_good   INTEGER NOT NULL DEFAULT 0, -- of those, abstained (0) with a +1 majority
+        leaned_bad    INTEGER NOT NULL DEFAULT 0, -- of those, abstained (0) with a -1 majority
         absorbed      INTEGER NOT NULL DEFAULT 0, -- 1: the adapter follows it without the prompt
         gap           REAL,                  -- the student's last gap to the instructed teacher (nats/token)
         created_at    REAL NOT NULL,

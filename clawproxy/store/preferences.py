@@ -33,9 +33,34 @@ def where_it_acts(row: dict[str, Any], apply: str) -> str:
 
 def shown_preferences(rows: list[dict[str, Any]], apply: str) -> list[dict[str, Any]]:
     """The rows a person looks at: active, demoted, and candidates shortlisted or tried, with where each acts."""
-    return [{**{k: r[k] for k in ("id", "status", "text", "source", "tries", "good", "bad", "gap", "activated_at")},
+    return [{**{k: r[k] for k in ("id", "status", "text", "source", "tries", "good", "bad", "leaned_good",
+                                  "leaned_bad", "gap", "activated_at")},
              "absorbed": bool(r["absorbed"]), "served": where_it_acts(r, apply)}
             for r in rows if r["status"] in ("active", "demoted") or r["shortlisted"] or r["tries"]]
+
+
+def count_evidence(conn: Any, turn_id: int, score: int, majority: int | None = None) -> None:
+    """Inside the judgment's transaction: a judged reply served under instructions counts for each
+    of them, as good or bad, or, when the judge abstained, as leaning the way its majority did (a
+    reply that called a tool says nothing about style)."""
+    row = conn.execute("SELECT instruction_id, applied_ids, response_tool_calls FROM turns WHERE id=?",
+                       (turn_id,)).fetchone()
+    if row is None or row["response_tool_calls"] is not None:
+        return
+    ids = set()
+    if row["instruction_id"] is not None:
+        ids.add(int(row["instruction_id"]))
+    applied = row["applied_ids"]
+    if isinstance(applied, str):  # a connection without the row factory's JSON decoding
+        import orjson
+
+        applied = orjson.loads(applied)
+    ids.update(int(i) for i in applied or ())
+    lean = majority if score == 0 and majority is not None else 0
+    for pid in ids:
+        conn.execute("UPDATE preferences SET tries = tries + 1, good = good + ?, bad = bad + ?, leaned_good = "
+                     "leaned_good + ?, leaned_bad = leaned_bad + ?, updated_at = ? WHERE id = ?",
+                     (int(score == 1), int(score == -1), int(lean == 1), int(lean == -1), time.time(), pid))
 
 
 class Preferences(Core):
@@ -52,7 +77,7 @@ class Preferences(Core):
     def serving_preferences(self) -> list[dict[str, Any]]:
         """Every user's active and shortlisted rows: what the proxy may apply or try (read every second)."""
         return self.query(
-            "SELECT id, user, text, status, prior, tries, good, bad, absorbed FROM preferences "
+            "SELECT id, user, text, status, prior, tries, good, bad, leaned_good, leaned_bad, absorbed FROM preferences "
             "WHERE status = 'active' OR (status = 'candidate' AND shortlisted = 1) ORDER BY id")
 
     def preference(self, pref_id: int) -> dict[str, Any] | None:
@@ -136,23 +161,3 @@ class Preferences(Core):
         return self.query_row(
             "SELECT COUNT(*) AS turns, COALESCE(SUM(instruction_role = 'try'), 0) AS tried "
             "FROM turns WHERE user IS ? AND kind = 'main'", (user,))
-
-    def _count_evidence(self, conn: Any, turn_id: int, score: int) -> None:
-        """Inside the judgment's transaction: a scored reply served under instructions counts for
-        each of them (a reply that called a tool says nothing about style)."""
-        row = conn.execute("SELECT instruction_id, applied_ids, response_tool_calls FROM turns WHERE id=?",
-                           (turn_id,)).fetchone()
-        if row is None or row["response_tool_calls"] is not None:
-            return
-        ids = set()
-        if row["instruction_id"] is not None:
-            ids.add(int(row["instruction_id"]))
-        applied = row["applied_ids"]
-        if isinstance(applied, str):  # a connection without the row factory's JSON decoding
-            import orjson
-
-            applied = orjson.loads(applied)
-        ids.update(int(i) for i in applied or ())
-        for pid in ids:
-            conn.execute("UPDATE preferences SET tries = tries + 1, good = good + ?, bad = bad + ?, "
-                         "updated_at = ? WHERE id = ?", (int(score == 1), int(score == -1), time.time(), pid))

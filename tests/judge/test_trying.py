@@ -94,3 +94,37 @@ def test_an_active_preference_whose_replies_turn_bad_is_demoted_and_an_absorbed_
     _judge(store, trier)
     assert store.preference(pid)["status"] == "demoted"
     assert store.serving_preferences() == [] or all(r["id"] != pid for r in store.serving_preferences())
+
+
+def test_the_shortlist_keeps_candidates_with_evidence_and_replaces_those_that_failed(store):
+    cfg = TryingConfig(shortlist=3)
+    trier = Trier(store, cfg)
+    add_turn(store, "s", request="explain tides", response="(essay)", next_user="this is far too wordy, trim it down")
+    _judge(store, trier)
+    first = [r for r in store.preferences_of(None) if r["shortlisted"]]
+    assert len(first) == 3
+    keep, fail = first[0], first[1]
+    store.update("preferences", "id", keep["id"], {"tries": 1, "good": 1})
+    store.update("preferences", "id", fail["id"], {"tries": 2, "bad": 2})
+    add_turn(store, "s", request="explain rain", response="(essay)", next_user="still far too wordy, cut it down more")
+    _judge(store, trier)
+    now = {r["id"] for r in store.preferences_of(None) if r["shortlisted"]}
+    assert keep["id"] in now and fail["id"] not in now and len(now) == 3
+    assert store.preference(fail["id"])["tries"] == 2  # its evidence is kept
+
+
+def test_an_abstention_leans_the_way_its_majority_did(store):
+    pid = store.add_preference(None, "Answer in one sentence.", "bank", shortlisted=True)
+    turns = [add_turn(store, f"s{i}", request="q", response="a", next_user="x") for i in range(3)]
+    for t in turns:
+        _served(store, t, tried=pid)
+    for t, (score, majority) in zip(turns, [(0, 1), (0, -1), (1, 1)], strict=True):
+        assert store.record_judgment(t, score=score, hint=None, voter="v", votes=[], majority=majority)
+    row = store.preference(pid)
+    assert (row["tries"], row["good"], row["bad"], row["leaned_good"], row["leaned_bad"]) == (3, 1, 0, 1, 1)
+    from judge.trying import evidence, promotable
+
+    assert evidence(row, 0.5) == (1.5, 0.5)
+    assert not promotable(row, TryingConfig(promote_good=2))  # 1.5 < 2
+    assert promotable({**row, "leaned_good": 2}, TryingConfig(promote_good=2))
+    assert not promotable({**row, "good": 0, "leaned_good": 6}, TryingConfig(promote_good=2))  # none judged outright
