@@ -459,3 +459,37 @@ def test_step_metrics_are_summed_over_processes_in_one_collective():
     assert d["clip_frac"] == pytest.approx(0.1) and d["opd_gap_mean"] == pytest.approx(0.5)
     assert (d["samples"], d["lr"], d["kinds"]) == (3, 0.1, {"rl": 3})
     assert "gate" not in d and "save_s" not in d  # set by the gate and the publish, not yet here
+
+
+def test_an_active_preference_is_distilled_and_its_gap_decides_when_the_prompt_goes(rig, tiny_model_dir):
+    """A user's active preference is every sample's teacher context; a turn served under it trains
+    the student on the prompt without it; after a published step the preference holds the batch's
+    gap, and two small gaps in a row mark it absorbed (the proxy then drops the prompt)."""
+    from transformers import AutoTokenizer
+
+    from clawproxy.instruct import add_hint
+
+    cfg, store = rig()
+    pref = "Answer in one word."
+    pid = store.add_preference(None, pref, "manual", status="active")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    served = tok.apply_chat_template(add_hint(MESSAGES, pref), add_generation_prompt=True, tokenize=True)
+    served = list(served["input_ids"] if hasattr(served, "keys") else served)
+    tried = insert_turn(store, prompt_ids=served, completion_ids=[11, 12, 13], logps=[-2.0] * 3, score=1,
+                        messages=MESSAGES)
+    store.update("turns", "id", tried, {"instruction": pref, "instruction_role": "apply", "applied_ids": [pid]})
+    (plain,) = _add(store, tiny_model_dir, 1, seed=5, hint=None)
+    tr = _trainer(cfg, store)
+    batch = tr.collect()
+    by_id = {s.turn_id: s for s in batch.samples}
+    assert set(by_id) == {tried, plain} and all(s.hint == pref for s in by_id.values())
+    assert by_id[tried].prompt_ids == _prompt(tiny_model_dir) != served  # the student never sees it
+    (result,) = tr.run(steps=1)
+    assert result.status == "published" and result.metrics["opd_samples"] == 2
+    row = store.preference(pid)
+    assert row["gap"] == pytest.approx(abs(result.metrics["opd_gap_mean"])) and not row["absorbed"]
+    cfg.trying.absorb_gap = 1e9  # any gap is small: the second step in a row absorbs it
+    store.set_preference_gap(pid, 0.0, absorbed=False)
+    _add(store, tiny_model_dir, 2, seed=6, hint=None)
+    (result,) = tr.run(steps=1)
+    assert result.status == "published" and store.preference(pid)["absorbed"] == 1
