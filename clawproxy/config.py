@@ -342,7 +342,9 @@ class TryingConfig:
         12, "A complaint of at most this many words that the judge took a hint from is a candidate "
         "in the user's own words.", ge=0)
     unhappy_window: int = setting(
-        3, "A user is unhappy when one of their last this many judged replies was judged -1.", ge=1)
+        3, "A user with an active preference is tried again when one of their last this many judged "
+        "replies was judged -1, or abstained on with a -1 majority (before a preference is found, "
+        "any user with candidates is tried, within the budget).", ge=1)
     max_share: float = setting(
         0.34, "At most this share of a user's main turns is tried.", gt=0, le=1)
     max_tries: int = setting(48, "At most this many tried answers per user, ever (0: none).", ge=0)

@@ -1,7 +1,8 @@
 """Learning by trying, the proxy's half: which instruction, if any, a chat request is served under.
 
 A small model cannot infer the rule behind "too dense to read", but told plainly it follows it. So
-when a user's recent replies were judged unhappy, their next answer is generated under one of
+when a user has complained and no preference is found yet, or one of their recent replies was
+judged unhappy (or the judge abstained on a complaint), their next answer is generated under one of
 their candidate instructions (``judge/trying.py`` keeps the shortlist and the evidence), chosen by
 Thompson sampling over each candidate's good and bad replies; an active preference is applied to
 every answer (``trying.apply``: prompt or both). The instruction goes to the upstream only, through
@@ -150,8 +151,9 @@ class Trying:
         off = set(store.users_not_tried())
         window = self.tcfg.unhappy_window
         for user, plan in plans.items():
+            # unsure counts: an abstention whose majority complained is reason enough to try
             recent = store.recent_scores(user, window)
-            plan.unhappy = any(r["score"] == -1 for r in recent)
+            plan.unhappy = not plan.active or any(r["score"] == -1 or r["majority"] == -1 for r in recent)
             counts = store.trying_counts(user)
             plan.turns, plan.tried = int(counts["turns"]), int(counts["tried"])
             plan.off = user in off

@@ -150,9 +150,11 @@ class Preferences(Core):
             f"SELECT turn_id, hint FROM judgments WHERE turn_id IN ({', '.join('?' * len(turn_ids))})", turn_ids)}
 
     def recent_scores(self, user: str | None, limit: int = 4) -> list[dict[str, Any]]:
-        """The user's newest judged main turns, newest first: turn_id, score, role (try | apply | None)."""
+        """The user's newest judged main turns, newest first: turn_id, score, majority (before the
+        judge's threshold), role (try | apply | None)."""
         return self.query(
-            "SELECT t.id AS turn_id, j.score, t.instruction_role AS role FROM turns t "
+            "SELECT t.id AS turn_id, j.score, COALESCE(j.majority, j.score) AS majority, t.instruction_role AS role "
+            "FROM turns t "
             "JOIN judgments j ON j.turn_id = t.id WHERE t.user IS ? AND t.kind = 'main' "
             "ORDER BY t.id DESC LIMIT ?", (user, limit))
 

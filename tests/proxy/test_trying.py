@@ -125,3 +125,28 @@ async def test_through_the_proxy_the_upstream_sees_the_instruction_and_the_turn_
         ("Answer in one sentence.", "apply", [pid], None), (None, None, None, None)]
     # what was recorded is what the client sent: its history, not ours
     assert turns[0]["request_messages"][-1]["content"] == "How do I boil an egg?"
+
+
+def test_the_poll_tries_until_a_preference_is_found_then_only_after_a_complaint(tmp_path):
+    from tests.trainer.util import insert_turn
+
+    cfg = Config(data_dir=str(tmp_path))
+    store = Store(cfg.db_path)
+    t = Trying(cfg)
+    try:
+        t.refresh()
+        assert t.plans == {}  # nobody complained: nothing to try
+        store.add_preference(None, "Be brief.", "bank", shortlisted=True)
+        t.refresh()
+        assert t.plans[None].unhappy and t.prepare(ASK, b"{}", {}, None)[1] is not None
+        store.add_preference(None, "Use bullet points.", "manual", status="active")
+        turn = insert_turn(store, prompt_ids=[1], completion_ids=[2], score=1)
+        t.refresh()
+        assert not t.plans[None].unhappy and t.prepare(ASK, b"{}", {}, None)[1].role == "apply"
+        store.execute("UPDATE judgments SET score = 0, majority = -1 WHERE turn_id = ?", (turn,))
+        t.refresh()  # the judge abstained, but its majority complained
+        assert t.plans[None].unhappy and t.prepare(ASK, b"{}", {}, None)[1].role == "try"
+    finally:
+        store.close()
+        if t._store is not None:
+            t._store.close()
