@@ -105,7 +105,7 @@ def scratch_store(run_dir: Path, into: Path) -> Path:
 def greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int) -> list[str]:
     """The oracle baseline's generation (same chat template and system prompt as the benchmark),
     one prompt at a time so no answer depends on another's padding."""
-    from oracle import generate
+    from _generate import generate
 
     model.eval()
     return [generate(model, tokenizer, [p], max_tokens, sample=False)[0][2] for p in prompts]
