@@ -94,7 +94,7 @@ async def _answer_via(url: str, texts: list[str], model: str | None, max_tokens:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from oracle import generate
+    from _generate import generate
 
     from clawproxy.engine.model import load_model_and_tokenizer
     from clawproxy.simulate.measure import score_answers

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 from _env import ROOT  # noqa: F401  (sets up the environment)
-from engine import stream_body
+from _stream import stream_body
 from judge_candidates import engine_process
 
 from clawproxy.engine.client import EngineClient

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from _env import ROOT
+from _stream import decode_rate, stream_body
 from bandwidth import measure
-from engine import decode_rate, stream_body
 from openclaw_models import QUESTIONS
 
 # mode -> (engine.dtype, engine.quantization); w4a16 keeps bfloat16 activations

@@ -120,8 +120,8 @@ class Child:
             try:
                 await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
             except TimeoutError:
-                log.warning("%s did not stop in %.0f s; killing it", self.name, STOP_GRACE_S)
-                proc.kill()
+                log.warning("%s did not stop in %.0f s; killing its process group", self.name, STOP_GRACE_S)
+                _kill_group(proc.pid)  # the child and what it started at once: none outlives the other
                 await proc.wait()
             _kill_group(proc.pid)
         if self._task is not None:

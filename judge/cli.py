@@ -7,8 +7,6 @@ must not pull in torch or the sentence encoder.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 
 import click
 
@@ -30,6 +28,7 @@ def judge() -> None:
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None:
     """Judge every trainable main turn that has a next state and no judgment yet."""
+    from clawproxy.stop import on_signals
     from clawproxy.store import Store
     from judge.trying import Trier
     from judge.voters import build_hint_writer, build_voter, min_confidence
@@ -37,29 +36,22 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
 
     cfg = build_config(config_path, data_dir, **{"judge.voter": voter, "judge.votes": votes})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s judge %(levelname)s %(message)s")
-    stop = threading.Event()
-
-    def _stop(signum, _frame):
-        stop.set()
-
-    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     store = None
-    try:
-        store = Store(cfg.db_path)
-        the_voter = build_voter(cfg)
-        worker = Worker(store, the_voter, votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
-                        hint_writer=build_hint_writer(cfg), min_confidence=min_confidence(cfg, the_voter),
-                        memory_size=cfg.judge.memory_reactions, trier=Trier(store, cfg.trying))
-        total = None if follow else store.judge_backlog()["pending"]
-        if limit is not None and total is not None:
-            total = min(total, limit)
-        with progress(f"judging ({worker.voter.name}, m={worker.votes})", total, no_progress) as advance:
-            n = worker.run(follow, cfg.judge.poll_interval_s, stop, limit=limit, progress=advance)
-    finally:
-        if store is not None:
-            store.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with on_signals() as stop:  # SIGTERM/Ctrl-C end the loop; the handler takes no lock
+        try:
+            store = Store(cfg.db_path)
+            the_voter = build_voter(cfg)
+            worker = Worker(store, the_voter, votes=cfg.judge.votes, batch_size=cfg.judge.batch_size,
+                            hint_writer=build_hint_writer(cfg), min_confidence=min_confidence(cfg, the_voter),
+                            memory_size=cfg.judge.memory_reactions, trier=Trier(store, cfg.trying))
+            total = None if follow else store.judge_backlog()["pending"]
+            if limit is not None and total is not None:
+                total = min(total, limit)
+            with progress(f"judging ({worker.voter.name}, m={worker.votes})", total, no_progress) as advance:
+                n = worker.run(follow, cfg.judge.poll_interval_s, stop, limit=limit, progress=advance)
+        finally:
+            if store is not None:
+                store.close()
     click.echo(f"judged {n} turn(s) into {cfg.db_path}")
 
 

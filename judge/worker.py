@@ -20,12 +20,12 @@ never slows the proxy.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from clawproxy.stop import Stoppable
 from clawproxy.store import Store
 from judge.extract import JudgeInput, from_turn
 from judge.hints import corrective_part
@@ -131,7 +131,7 @@ class Worker:
             log.exception("judge: updating user %s's candidates after turn %s failed", turn.get("user"), turn["id"])
 
     def run_once(self, limit: int | None = None, progress: Callable[[int], Any] | None = None,
-                 stop: threading.Event | None = None) -> int:
+                 stop: Stoppable | None = None) -> int:
         """Judge the pending turns (up to ``limit``); returns how many were written."""
         written = 0
         while limit is None or written < limit:
@@ -157,7 +157,7 @@ class Worker:
                      self.votes, self.judged)
         return written
 
-    def run(self, follow: bool, poll_interval_s: float, stop: threading.Event,
+    def run(self, follow: bool, poll_interval_s: float, stop: Stoppable,
             limit: int | None = None, progress: Callable[[int], Any] | None = None) -> int:
         """One pass, or with ``follow`` poll until ``stop`` is set (SIGTERM) or ``limit`` is reached."""
         total = 0

@@ -29,6 +29,7 @@ SHARED = {
     "clawproxy.engine.convert",  # checkpoints written atomically, as converted models are
     "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
     "clawproxy.users",  # a user's adapter name: the proxy routes to it, the trainer publishes under it
+    "clawproxy.stop",  # a stop a signal handler may set: every child command's SIGTERM
     "clawproxy.simulate.measure",  # the adoption curve file: `clawproxy stats` shows it as the dashboard does
 }
 WIRING = {"clawproxy/config.py", "clawproxy/cli.py", "clawproxy/supervisor.py"}  # where the parts are wired

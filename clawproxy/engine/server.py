@@ -50,6 +50,7 @@ from clawproxy.chat_template import render_chat
 from clawproxy.edge import control_route, error_response
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
 from clawproxy.engine.spec import engine_spec
+from clawproxy.engine.toolcalls import tool_names
 from clawproxy.engine.tools import ToolCallStreamParser
 from clawproxy.errors import ClawproxyError, RequestError, error_body
 
@@ -152,6 +153,7 @@ class ChatJob:
     include_usage: bool
     return_token_ids: bool
     parse_tools: bool
+    tool_names: set[str] | None = None  # what the request offered: other names stay text, as in vLLM
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -286,6 +288,7 @@ def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
         include_usage=bool(stream_options.get("include_usage", False)),
         return_token_ids=bool(body.get("return_token_ids", False)),
         parse_tools=bool(tools),
+        tool_names=tool_names(tools),
     )
 
 
@@ -371,7 +374,7 @@ async def _write_stream(
     meta: dict[str, Any],
 ) -> None:
     token_text = _TokenText(engine)
-    parser = ToolCallStreamParser(enabled=job.parse_tools)
+    parser = ToolCallStreamParser(enabled=job.parse_tools, tools=job.tool_names)
     base = {**meta, "object": "chat.completion.chunk"}
 
     def chunk(delta: dict, version: int, finish: str | None = None, stop_reason: Any = None,
@@ -453,7 +456,7 @@ async def _complete(
             break
     token_ids = [t for ev in events for t in ev.token_ids]
     text = "".join(ev.text for ev in events)
-    parser = ToolCallStreamParser(enabled=job.parse_tools)
+    parser = ToolCallStreamParser(enabled=job.parse_tools, tools=job.tool_names)
     first, tail = parser.feed(text), parser.finish()
     content = first.content + tail.content
     final = events[-1]

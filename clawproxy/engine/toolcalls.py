@@ -1,4 +1,6 @@
-"""Tool calls that small Qwen models write in their own wrappers, read incrementally (no vLLM here).
+"""The one reader of a model's tool calls: the embedded engine (``clawproxy.engine.tools``), vLLM's
+``qwen_fenced`` plugin (``clawproxy.engine.tool_parsers``) and the agent benchmark's malformed-call
+check (``clawproxy.simulate.agent_tasks``) all read calls here. No vLLM import.
 
 Qwen2.5's chat template asks for ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, which
 vLLM's ``hermes`` parser reads. Qwen2.5-Coder-1.5B picks the right tool and arguments but often
@@ -9,7 +11,14 @@ when it names a tool the request offered, so a code block in an ordinary answer 
 
 The scanner is fed the whole text so far and returns what became final since the last feed: text
 to stream as content, and complete calls. Only a possible wrapper is held back (at most one wrapper
-long); everything else streams at once. ``finish()`` releases what is still held at the end.
+long); everything else streams at once. ``finish()`` releases what is still held at the end; a
+wrapper still open there is a call if its body is one (vLLM's ``hermes`` reads an unclosed last
+``<tool_call>`` so too).
+
+The forms, listed once (``WRAPPERS``, ``FENCE_TAGS``): ``<tool_call>…</tool_call>``,
+``<tools>…</tools>``, a fenced block tagged ``json`` or untagged, and a whole answer that is one
+JSON object, bare or in doubled braces. The payload is a call object or a list of them, with
+``arguments`` (or ``parameters``) as an object or as JSON text of one.
 """
 
 from __future__ import annotations
@@ -91,7 +100,11 @@ class ToolCallScanner:
             end, calls = self._wrapper(text, start)
             if end is None:  # still open (or a partial opener): hold it, unless the text ended
                 if final:
-                    out.content += text[start:]
+                    calls = self._unclosed(text, start)
+                    if calls:
+                        out.calls += calls
+                    else:
+                        out.content += text[start:]
                     self.done = len(text)
                 break
             if calls:
@@ -144,6 +157,20 @@ class ToolCallScanner:
         end = close + len(WRAPPERS[opener])
         return end, parse_calls(text[body_at:close], self.tools)
 
+    def _unclosed(self, text: str, start: int) -> list[Call] | None:
+        """At the end of the text, the calls in a wrapper that never closed, as vLLM's ``hermes``
+        reads a last ``<tool_call>`` without its ``</tool_call>``; None when it holds no whole call."""
+        opener = next((o for o in WRAPPERS if text.startswith(o, start)), None)
+        if opener is None:
+            return None
+        body_at = start + len(opener)
+        if opener == "```":
+            newline = text.find("\n", body_at)
+            if newline < 0 or text[body_at:newline].strip() not in FENCE_TAGS:
+                return None
+            body_at = newline + 1
+        return parse_calls(text[body_at:], self.tools)
+
     def _bare(self, text: str, start: int) -> tuple[int | None, list[Call] | None]:
         inner_at = len(text) - len(text[start + 1:].lstrip())
         if text[inner_at:inner_at + 1] != "{":
@@ -170,11 +197,16 @@ class ToolCallScanner:
 
 
 def tool_names(tools: Any) -> set[str] | None:
-    """The function names a request offered (OpenAI ``tools``), or None when none can be read."""
+    """The function names a request offered (OpenAI ``tools``: vLLM's request objects or the JSON
+    dicts), or None when none can be read."""
     names = set()
     for tool in tools or []:
-        fn = getattr(tool, "function", None)
-        name = getattr(fn, "name", None) if fn is not None else getattr(tool, "name", None)
+        if isinstance(tool, dict):
+            fn = tool.get("function", tool)
+            name = fn.get("name") if isinstance(fn, dict) else None
+        else:
+            fn = getattr(tool, "function", None)
+            name = getattr(fn, "name", None) if fn is not None else getattr(tool, "name", None)
         if isinstance(name, str):
             names.add(name)
     return names or None

@@ -1,43 +1,25 @@
-"""Tool calls for the embedded engine: the model's Hermes-style ``<tool_call>`` text back to OpenAI
-tool calls (the prompt side is ``clawproxy.chat_template``).
+"""Tool calls for the embedded engine: the model's text back to OpenAI tool calls, read by the
+one reader vLLM's plugin uses (``clawproxy.engine.toolcalls``, which lists the forms); the prompt
+side is ``clawproxy.chat_template``.
 
-``ToolCallStreamParser`` splits streamed text into content and tool-call deltas without ever
-showing ``<tool_call>`` markup to the client; vLLM's ``hermes_tool_parser.py`` does the same job.
+``ToolCallStreamParser`` turns streamed text pieces into content and tool-call deltas without ever
+showing call markup to the client. A call's first delta carries ``id``, ``type`` and
+``function.name`` with empty ``arguments``; the next carries the arguments
+(docs/openclaw-wire.md §3.2: OpenClaw wants id and name first, ``"{}"`` for no args).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawproxy.chat_template import TOOL_CLOSE, TOOL_OPEN
+from clawproxy.engine.toolcalls import Step, ToolCallScanner
 
 
 def new_tool_call_id() -> str:
     """vLLM's style of tool-call id (``chatcmpl-tool-<hex>``)."""
     return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
-
-
-def parse_tool_call_json(body: str) -> dict[str, Any] | None:
-    """``{"name": ..., "arguments": {...}}`` -> an OpenAI tool call, or None when malformed."""
-    try:
-        obj = json.loads(body.strip())
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        args_text = args if args.strip() else "{}"
-    else:
-        args_text = json.dumps(args if args is not None else {}, ensure_ascii=False)
-    return {
-        "id": new_tool_call_id(),
-        "type": "function",
-        "function": {"name": obj["name"], "arguments": args_text},
-    }
 
 
 @dataclass
@@ -48,83 +30,46 @@ class ParsedDelta:
 
 @dataclass
 class ToolCallStreamParser:
-    """Incremental Hermes parser: feed text pieces, get content and tool-call deltas back.
-
-    Text that could be the start of ``<tool_call>`` is held back until it is decided. A call's
-    first delta carries ``id``, ``type`` and ``function.name`` with empty ``arguments``; the next
-    carries the arguments (docs/openclaw-wire.md §3.2: OpenClaw wants id and name first, ``"{}"`` for no args).
-    A block that never parses as a call is returned as ordinary content.
-    """
+    """Feed text pieces, get content and tool-call deltas back; ``tools``: the names the request
+    offered (None: any name), as the vLLM plugin is given them."""
 
     enabled: bool = True
+    tools: set[str] | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
-    _buf: str = ""
-    _in_call: bool = False
+    _text: str = ""
+    _scanner: ToolCallScanner | None = None
 
     def feed(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
         if not self.enabled:
-            out.content = text
-            return out
-        self._buf += text
-        while True:
-            if not self._in_call:
-                idx = self._buf.find(TOOL_OPEN)
-                if idx >= 0:
-                    out.content += self._buf[:idx]
-                    self._buf = self._buf[idx + len(TOOL_OPEN) :]
-                    self._in_call = True
-                    continue
-                keep = _partial_suffix(self._buf, TOOL_OPEN)
-                out.content += self._buf[: len(self._buf) - keep]
-                self._buf = self._buf[len(self._buf) - keep :]
-                return out
-            idx = self._buf.find(TOOL_CLOSE)
-            if idx < 0:
-                return out
-            body, self._buf = self._buf[:idx], self._buf[idx + len(TOOL_CLOSE) :]
-            self._in_call = False
-            self._emit(body, out)
+            return ParsedDelta(content=text)
+        self._text += text
+        return self._deltas(self._scan().feed(self._text))
 
     def finish(self) -> ParsedDelta:
-        """End of generation: an unclosed block is parsed if it is a complete call."""
-        out = ParsedDelta()
-        if self._in_call:
-            self._emit(self._buf, out)
-        else:
-            out.content += self._buf
-        self._buf, self._in_call = "", False
+        """End of generation: what was held back, as content or as a call."""
+        if not self.enabled:
+            return ParsedDelta()
+        return self._deltas(self._scan().finish(self._text))
+
+    def _scan(self) -> ToolCallScanner:
+        if self._scanner is None:
+            self._scanner = ToolCallScanner(self.tools)
+        return self._scanner
+
+    def _deltas(self, step: Step) -> ParsedDelta:
+        out = ParsedDelta(content=step.content)
+        for c in step.calls:
+            index, call_id = len(self.calls), new_tool_call_id()
+            self.calls.append({"id": call_id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}})
+            out.tool_calls.append({"index": index, "id": call_id, "type": "function",
+                                   "function": {"name": c.name, "arguments": ""}})
+            out.tool_calls.append({"index": index, "function": {"arguments": c.arguments}})
         return out
 
-    def _emit(self, body: str, out: ParsedDelta) -> None:
-        call = parse_tool_call_json(body)
-        if call is None:
-            out.content += TOOL_OPEN + body
-            return
-        index = len(self.calls)
-        self.calls.append(call)
-        fn = call["function"]
-        out.tool_calls.append(
-            {
-                "index": index,
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": fn["name"], "arguments": ""},
-            }
-        )
-        out.tool_calls.append({"index": index, "function": {"arguments": fn["arguments"]}})
 
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
-
-
-def split_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+def split_tool_calls(text: str, tools: set[str] | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Non-streaming: the whole output -> (content, tool_calls)."""
-    parser = ToolCallStreamParser()
+    parser = ToolCallStreamParser(tools=tools)
     first, last = parser.feed(text), parser.finish()
     return first.content + last.content, parser.calls

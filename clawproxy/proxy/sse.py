@@ -1,7 +1,7 @@
 """Server-sent events: framing, stripping the fields we asked for, reassembling a turn.
 
 ``StreamTap`` runs on the hot path, once per upstream read, and does no IO (it is tested alone:
-tests/proxy/test_tap.py). For a recorded turn it parses each event once, with orjson, and builds
+tests/proxy/test_sse.py). For a recorded turn it parses each event once, with orjson, and builds
 the turn from it as the stream passes; an event it need not change goes to the client as the
 upstream's own bytes. The tap (``tap.py``) builds a whole answer with ``assemble_obj`` from the
 parse it strips; ``assemble_stream`` / ``assemble_json`` rebuild a turn from a journal's raw bytes.

@@ -5,7 +5,7 @@ was admitted, its body arrived, the upstream answered, each read of a stream, a 
 failure, the client leaving. The tap strips the fields we added, builds the chat turn (``Capture``)
 and decides the outcome (``Outcome``) at the first event that ends the exchange; later ones change
 nothing, and nothing downstream works it out again. It never touches a socket, so it is tested by
-feeding it events (tests/proxy/test_request_tap.py).
+feeding it events (tests/proxy/test_tap.py).
 
 Features that watch traffic are addons (``addons.py``, listed in ``default_addons``) with named
 hooks, called in order:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from clawproxy.engine.toolcalls import WRAPPERS, tool_names
+
 TASKS_PATH = Path(__file__).with_name("agent_tasks.jsonl")
 KINDS = ("question", "read", "write", "command")
 SPLITS = ("train", "validation", "heldout")
@@ -165,8 +167,9 @@ def check(task: Task, outcome: Outcome) -> Verdict:
 
 # -- malformed tool calls in recorded turns -----------------------------------------------------
 # Text that means the model tried to call a tool but no call was parsed from it.
+_TAGS = "|".join(o.strip("<>") for o in WRAPPERS if o.startswith("<")) + "|function_call"  # the reader's tags + one it never reads
 _CALL_TEXT = (
-    (re.compile(r"</?\s*(tool_call|tools|function_call)\s*>", re.IGNORECASE), "a tool-call tag in the text"),
+    (re.compile(rf"</?\s*({_TAGS})\s*>", re.IGNORECASE), "a tool-call tag in the text"),
     (re.compile(r"you may call (one or more )?functions?", re.IGNORECASE), "the template's tool instructions"),
     (re.compile(r"\"name\"\s*:\s*\"[^\"]*\"[\s\S]*?\"(arguments|parameters)\"\s*:"
                 r"|\"(arguments|parameters)\"\s*:[\s\S]*?\"name\"\s*:\s*\"", re.IGNORECASE),
@@ -176,12 +179,7 @@ _CALL_TEXT = (
 
 def offered_tools(turn: dict[str, Any]) -> set[str]:
     """The tool names the recorded request offered (OpenAI ``tools``)."""
-    names = set()
-    for t in turn.get("request_tools") or []:
-        fn = t.get("function", t) if isinstance(t, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            names.add(fn["name"])
-    return names
+    return tool_names(turn.get("request_tools")) or set()
 
 
 def call_names(turn: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
 @click.option("--turns", "turns_per_conversation", type=int, default=3, show_default=True,
               help="Questions per conversation (each re-sends the whole history).")
 @click.option("--max-tokens", type=int, default=512, show_default=True,
-              help="max_completion_tokens per turn (as bench/personalize.py; OpenClaw sends its model's maxTokens).")
+              help="max_completion_tokens per turn (OpenClaw sends its model's maxTokens).")
 @click.option("--eval-max-tokens", type=int, default=160, show_default=True, help="Tokens per held-out answer.")
 @click.option("--temperature", type=float, default=0.7, show_default=True,
               help="Sampling temperature of the conversation turns (at 1.0 the default model rambles past any cap).")

@@ -54,7 +54,7 @@ class SimSettings:
     interactions: int = 36
     eval_every: int = 12
     turns_per_conversation: int = 3
-    max_tokens: int = 512  # as bench/personalize.py measured it
+    max_tokens: int = 512  # max_completion_tokens per turn
     eval_max_tokens: int = 160
     temperature: float = 0.7
     seed: int = 0

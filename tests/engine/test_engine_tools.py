@@ -49,9 +49,13 @@ def test_parser_is_independent_of_how_text_is_split():
 def test_parser_edge_cases():
     assert split_tool_calls("a < b and <tool_ is not a call") == ("a < b and <tool_ is not a call", [])
     content, calls = split_tool_calls('x<tool_call>{"oops": 1}</tool_call>y')
-    assert calls == [] and content == 'x<tool_call>{"oops": 1}y'
+    assert calls == [] and content == 'x<tool_call>{"oops": 1}</tool_call>y'  # not a call: the text as written
     content, calls = split_tool_calls('<tool_call>{"name": "ls"}')  # unclosed at EOS, no args
     assert content == "" and calls[0]["function"] == {"name": "ls", "arguments": "{}"}
+    content, calls = split_tool_calls('```json\n{"name": "ls", "arguments": {}}\n```', tools={"ls"})
+    assert content == "" and calls[0]["function"]["name"] == "ls"  # the fenced form vLLM's plugin reads too
+    content, calls = split_tool_calls('{"name": "rm", "arguments": {}}', tools={"ls"})
+    assert calls == [] and content == '{"name": "rm", "arguments": {}}'  # a tool not offered stays text
     disabled = ToolCallStreamParser(enabled=False)
     assert disabled.feed("<tool_call>{}").content == "<tool_call>{}"
 

@@ -90,6 +90,13 @@ def test_a_list_of_calls_is_several_calls():
     assert [c.name for c in calls] == ["read", "exec"]
 
 
+@pytest.mark.parametrize("text", [f"<tool_call>\n{CALL}\n", f"```json\n{CALL}\n", f"<tools>{CALL}"])
+@pytest.mark.parametrize("read", [whole, streamed])
+def test_a_wrapper_left_open_at_the_end_is_a_call_if_its_body_is_one(text, read):
+    content, calls = read(text)  # vLLM's hermes reads an unclosed last <tool_call> so too
+    assert [c.name for c in calls] == ["read"] and content == ""
+
+
 def test_unknown_tool_list_accepts_any_name():
     content, calls = whole('<tool_call>{"name": "anything", "arguments": {}}</tool_call>', tools=None)
     assert [c.name for c in calls] == ["anything"]

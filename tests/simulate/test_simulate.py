@@ -225,27 +225,6 @@ def test_adoption_requires_a_real_answer_and_files_are_written(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
-def test_bench_summary_gives_mean_and_spread_over_seeds():
-    from tests.bench.util import bench_module
-
-    bench = bench_module("personalize")
-    prompts = ["How do I boil an egg?"] * 2
-    curves = []
-    for seed, answers in ((0, [SHORT, SHORT]), (1, [SHORT, ESSAY]), (2, [ESSAY, ESSAY])):
-        points = [make_point(0, score_answers(prompts, [ESSAY, ESSAY], is_concise), 0, 0.0),
-                  make_point(36, score_answers(prompts, answers, is_concise, cut_off=[seed == 1, False]), 1, 0.0)]
-        curves.append(Curve(label=f"combined/full (concise) seed {seed}", persona="concise", method="combined/full",
-                            settings={"seed": seed}, points=points, judge_agreement={"right": 3, "zero": 1},
-                            samples={"trained": 2}))
-    summary = bench.summarize(curves)
-    (row,) = summary["settings"]
-    assert row["setting"] == "combined/full (concise)" and row["seeds"] == [0, 1, 2]
-    at36 = row["adoption"][36]
-    assert at36["n"] == 3 and at36["mean"] == 0.333 and at36["min"] == 0.0 and at36["max"] == 1.0
-    assert at36["sd"] > 0.4 and row["cut_off"][36] == round(1 / 6, 3)  # seed 1: a short answer, cut off, is a miss
-    assert [r["samples"] for r in summary["runs"]] == [{"trained": 2}] * 3
-
-
 def test_live_table_keeps_every_column_in_a_log_file(capsys):
     """Redirected to a file (a long run under nohup), the table still has its last columns."""
     graded = score_answers(["How do I boil an egg?"], [SHORT], is_concise, cut_off=[True])

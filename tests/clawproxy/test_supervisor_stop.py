@@ -1,0 +1,46 @@
+"""The supervisor's stop: SIGTERM, then after the grace period SIGKILL to the child's process group."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from clawproxy import supervisor
+from clawproxy.supervisor import Child
+from tests.waits import until
+
+# A child deaf to SIGTERM (as a deadlocked handler leaves it) with a grandchild that is deaf too.
+DEAF = r"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+kid = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open(sys.argv[1] + ".tmp", "w").write(str(kid.pid)); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_a_child_that_outlives_the_grace_period_is_killed_with_its_group(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor, "STOP_GRACE_S", 0.5)
+    pidfile = tmp_path / "grandchild.pid"
+    child = Child("deaf", [sys.executable, "-c", DEAF, str(pidfile)], tmp_path / "deaf.log")
+    child.start()
+    await until(pidfile.exists, "the deaf child to start its grandchild", timeout=60)
+    assert child.proc is not None
+    pid, grandchild = child.proc.pid, int(pidfile.read_text())
+    t0 = time.monotonic()
+    await asyncio.wait_for(child.stop(), 30)
+    assert time.monotonic() - t0 >= 0.5  # it was given the grace period first
+    assert child.proc.returncode == -9
+    await until(lambda: not _alive(grandchild), "the grandchild to die with the group")
+    assert not _alive(pid) and os.getpgid(os.getpid()) != pid
