@@ -351,11 +351,14 @@ class TryingConfig:
     abstain_weight: float = setting(
         0.5, "A reply the judge abstained on counts for a candidate as this much of a good or bad reply, "
         "by its majority's sign: the bandit may lean on an unsure verdict, the weights never do.", ge=0, le=1)
-    promote_good: int = setting(
-        2, "A candidate becomes an active preference with at least this many replies judged good "
-        "under it (and promote_ratio good per bad).", ge=1)
-    promote_ratio: float = setting(
-        2.0, "A candidate becomes an active preference only with at least this many good replies per bad one.", gt=0)
+    promote_good: float = setting(
+        1.0, "A candidate becomes an active preference only with at least this much good evidence "
+        "(replies judged good, abstentions at abstain_weight; one judged good outright).", gt=0)
+    promote_confidence: float = setting(
+        0.9, "A candidate becomes an active preference when the chance that its replies are liked more "
+        "often than the user's untried ones (Beta posteriors, uniform priors) is at least this.", gt=0.5, lt=1)
+    baseline_window: int = setting(
+        12, "The user's untried replies a candidate is compared with: the newest this many judged.", ge=1)
     demote_window: int = setting(
         4, "An active preference is demoted when demote_bad of its last this many scored replies were judged -1.", ge=1)
     demote_bad: int = setting(3, "Bad replies among the last demote_window that demote an active preference.", ge=1)

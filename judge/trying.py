@@ -8,8 +8,9 @@ judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
   and the free places go to up to two short complaints of their own that the judge took a hint
   from ("shorter, please"), then to the bank's instructions (``judge/data/instructions.txt``)
   nearest their recent complaints by sentence embedding;
-- **promote**: a candidate with at least ``promote_good`` good replies and ``promote_ratio`` good per
-  bad becomes an active preference;
+- **promote**: a candidate becomes an active preference when its replies are likely liked more often
+  than the user's untried ones: P(θ_candidate > θ_untried) >= ``promote_confidence`` under Beta
+  posteriors (one wrong sign from the judge does not block a candidate the user plainly prefers);
 - **demote**: an active preference whose last ``demote_window`` scored replies hold ``demote_bad``
   bad ones goes back into the prompt if the adapter had absorbed it, else is demoted.
 
@@ -20,6 +21,7 @@ that asks the model to agree or concede is never one.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,11 +60,37 @@ def failed(row: dict[str, Any], abstain_weight: float) -> bool:
     return bad - good >= 2
 
 
-def promotable(row: dict[str, Any], cfg: TryingConfig) -> bool:
-    """At least one reply judged good outright, and ``promote_good`` and ``promote_ratio`` met with
-    the abstentions counted at their weight."""
+def p_better(mine: tuple[float, float], other: tuple[float, float], grid: int = 400) -> float:
+    """P(θ_mine > θ_other) for θ ~ Beta(1 + good, 1 + bad) from two (good, bad) records: the
+    integral of one density against the other's distribution function, on a midpoint grid."""
+    def density(good: float, bad: float) -> list[float]:
+        a, b = 1.0 + good, 1.0 + bad
+        c = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+        xs = ((i + 0.5) / grid for i in range(grid))
+        return [math.exp(c + (a - 1) * math.log(x) + (b - 1) * math.log1p(-x)) / grid for x in xs]
+
+    p = below = 0.0
+    for f, g in zip(density(*mine), density(*other), strict=True):
+        p += f * (below + g / 2)
+        below += g
+    return p
+
+
+def untried_evidence(rows: list[dict[str, Any]], abstain_weight: float) -> tuple[float, float]:
+    """(good, bad) of the user's untried replies (``Store.untried_scores``), abstentions by their majority."""
+    good = sum(1.0 if r["score"] == 1 else abstain_weight if r["score"] == 0 and r["majority"] == 1 else 0.0
+               for r in rows)
+    bad = sum(1.0 if r["score"] == -1 else abstain_weight if r["score"] == 0 and r["majority"] == -1 else 0.0
+              for r in rows)
+    return good, bad
+
+
+def promotable(row: dict[str, Any], untried: tuple[float, float], cfg: TryingConfig) -> bool:
+    """At least one reply judged good outright and ``promote_good`` good evidence, and its replies
+    likelier liked than the untried ones by ``promote_confidence``."""
     good, bad = evidence(row, cfg.abstain_weight)
-    return int(row["good"]) >= 1 and good >= cfg.promote_good and good >= cfg.promote_ratio * bad
+    return (int(row["good"]) >= 1 and good >= cfg.promote_good
+            and p_better((good, bad), untried) >= cfg.promote_confidence)
 
 
 @dataclass
@@ -117,8 +145,9 @@ class Trier:
         return {t for t, h in self.store.judgment_hints(turn_ids).items() if h}
 
     def promote_demote(self, user: str | None) -> None:
+        untried = untried_evidence(self.store.untried_scores(user, self.cfg.baseline_window), self.cfg.abstain_weight)
         for row in self.store.preferences_of(user, ("candidate", "active")):
-            if row["status"] == "candidate" and row["shortlisted"] and promotable(row, self.cfg):
+            if row["status"] == "candidate" and row["shortlisted"] and promotable(row, untried, self.cfg):
                 self.store.set_preference_status(row["id"], "active")
                 log.info("user %s: preference found after %d tries (%d good, %d bad): %s",
                          user, row["tries"], row["good"], row["bad"], row["text"])

@@ -155,7 +155,7 @@ class Trying:
             recent = store.recent_scores(user, window)
             plan.unhappy = not plan.active or any(r["score"] == -1 or r["majority"] == -1 for r in recent)
             counts = store.trying_counts(user)
-            plan.turns, plan.tried = int(counts["turns"]), int(counts["tried"])
+            plan.turns, plan.tried = int(counts["turns"]), int(counts["counted"])
             plan.off = user in off
         self.plans = plans
 

@@ -158,8 +158,23 @@ class Preferences(Core):
             "JOIN judgments j ON j.turn_id = t.id WHERE t.user IS ? AND t.kind = 'main' "
             "ORDER BY t.id DESC LIMIT ?", (user, limit))
 
+    def untried_scores(self, user: str | None, limit: int) -> list[dict[str, Any]]:
+        """The user's newest judged main turns served with no instruction and no tool call, newest
+        first: score, majority (what a candidate is compared with)."""
+        return self.query(
+            "SELECT j.score, COALESCE(j.majority, j.score) AS majority FROM turns t "
+            "JOIN judgments j ON j.turn_id = t.id WHERE t.user IS ? AND t.kind = 'main' "
+            "AND t.instruction IS NULL AND t.response_tool_calls IS NULL ORDER BY t.id DESC LIMIT ?",
+            (user, limit))
+
     def trying_counts(self, user: str | None) -> dict[str, int]:
-        """The user's main turns: all of them, and those served under a tried candidate."""
+        """The user's main turns: all of them (turns), those served under a tried candidate (tried),
+        and the tries the budget counts (counted): those judged, and those newer than the user's
+        newest judgment (still waiting for a reply); a try never answered (a session's last turn)
+        is given back."""
         return self.query_row(
-            "SELECT COUNT(*) AS turns, COALESCE(SUM(instruction_role = 'try'), 0) AS tried "
-            "FROM turns WHERE user IS ? AND kind = 'main'", (user,))
+            "SELECT COUNT(*) AS turns, COALESCE(SUM(t.instruction_role = 'try'), 0) AS tried, "
+            "COALESCE(SUM(t.instruction_role = 'try' AND (EXISTS (SELECT 1 FROM judgments j WHERE j.turn_id = t.id) "
+            "OR t.id > COALESCE((SELECT MAX(j2.turn_id) FROM judgments j2 JOIN turns t2 ON t2.id = j2.turn_id "
+            "WHERE t2.user IS ?), 0))), 0) AS counted FROM turns t WHERE t.user IS ? AND t.kind = 'main'",
+            (user, user))

@@ -125,7 +125,7 @@ async def test_prefer_show_unprefer_and_trying_off(setup):
     shown = json.loads(await _cli(config, rig, "users", "show", "ann", "--json"))
     assert [(p["id"], p["status"], p["text"], p["source"], p["served"]) for p in shown["preferences"]] == [
         (pid, "active", "Answer in bullet points.", "manual", "in the prompt, being distilled")]
-    assert shown["trying"] == {"turns": 0, "tried": 0, "on": True}
+    assert shown["trying"] == {"turns": 0, "tried": 0, "counted": 0, "on": True}
     assert json.loads(await _cli(config, rig, "users", "show", "ben", "--json"))["preferences"] == []
     table = await _cli(config, rig, "users", "show", "ann")
     assert "what was found by trying" in table and "Answer in bullet points." in table

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from clawproxy.config import TryingConfig
 from judge.trying import Trier, said_instruction
 from judge.voters import LexicalVoter
@@ -47,8 +49,10 @@ def test_praise_shortlists_nothing_and_a_request_for_agreement_is_never_a_candid
 
 
 def test_evidence_is_counted_once_and_a_candidate_that_passes_the_rule_becomes_active(store):
-    cfg = TryingConfig(promote_good=2, promote_ratio=2.0)
+    cfg = TryingConfig(promote_good=2)
     pid = store.add_preference(None, "Keep replies short and to the point.", "bank", shortlisted=True, prior=0.6)
+    for i in range(2):  # untried answers the user complained about
+        add_turn(store, f"u{i}", request=f"q{i}", response="(essay)", next_user="no, that's wrong, redo it")
     good = [add_turn(store, f"s{i}", request=f"question {i}", response="Short.", next_user="thanks, perfect")
             for i in range(2)]
     toolish = add_turn(store, "t", request="read it", response="Short.", next_user="thanks!",
@@ -64,15 +68,37 @@ def test_evidence_is_counted_once_and_a_candidate_that_passes_the_rule_becomes_a
     assert _judge(store, trier) == 0 and store.preference(pid)["tries"] == 2  # judged once, counted once
 
 
-def test_not_enough_good_per_bad_stays_a_candidate(store):
+def test_a_candidate_no_likelier_liked_than_the_untried_replies_stays_a_candidate(store):
     pid = store.add_preference(None, "Use bullet points for lists of items.", "bank", shortlisted=True)
     turns = [add_turn(store, "s", request="q", response="a", next_user=reply)
              for reply in ("no, that's wrong", "no, that is not it", "thanks, perfect", "thanks, perfect")]
     for t in turns:
         _served(store, t, tried=pid)
-    _judge(store, Trier(store, TryingConfig(promote_good=2, promote_ratio=2.0, shortlist=6)))
+    _judge(store, Trier(store, TryingConfig(shortlist=6)))
     row = store.preference(pid)
     assert (row["good"], row["bad"]) == (2, 2) and row["status"] == "candidate"
+
+
+def test_one_wrong_sign_does_not_block_a_candidate_the_user_plainly_prefers(store):
+    pid = store.add_preference(None, "Answer in one sentence.", "bank", shortlisted=True)
+    for i in range(4):  # untried answers the user complained about
+        add_turn(store, f"u{i}", request=f"q{i}", response="(essay)", next_user="no, that's wrong, redo it")
+    tried = [add_turn(store, f"t{i}", request=f"r{i}", response="a", next_user=reply)
+             for i, reply in enumerate(("thanks, perfect", "no, that's wrong", "thanks, perfect"))]
+    for t in tried:
+        _served(store, t, tried=pid)
+    _judge(store, Trier(store, TryingConfig()))
+    row = store.preference(pid)
+    assert (row["good"], row["bad"], row["status"]) == (2, 1, "active")
+
+
+def test_p_better_is_the_chance_one_beta_posterior_exceeds_the_other():
+    from judge.trying import p_better
+
+    assert p_better((0, 0), (0, 0)) == pytest.approx(0.5, abs=1e-6)
+    assert p_better((1, 0), (0, 0)) == pytest.approx(2 / 3, abs=1e-3)  # Beta(2,1) over a uniform
+    assert p_better((1, 0), (0, 4)) > 0.95 > p_better((1, 1), (0, 4)) > 0.85
+    assert p_better((0, 4), (1, 0)) == pytest.approx(1 - p_better((1, 0), (0, 4)), abs=1e-4)
 
 
 def test_an_active_preference_whose_replies_turn_bad_is_demoted_and_an_absorbed_one_goes_back_to_the_prompt(store):
@@ -125,6 +151,8 @@ def test_an_abstention_leans_the_way_its_majority_did(store):
     from judge.trying import evidence, promotable
 
     assert evidence(row, 0.5) == (1.5, 0.5)
-    assert not promotable(row, TryingConfig(promote_good=2))  # 1.5 < 2
-    assert promotable({**row, "leaned_good": 2}, TryingConfig(promote_good=2))
-    assert not promotable({**row, "good": 0, "leaned_good": 6}, TryingConfig(promote_good=2))  # none judged outright
+    unhappy = (0.0, 4.0)
+    assert not promotable(row, unhappy, TryingConfig(promote_good=2))  # 1.5 < 2
+    assert promotable({**row, "leaned_good": 2}, unhappy, TryingConfig(promote_good=2))
+    assert not promotable({**row, "good": 0, "leaned_good": 6}, unhappy, TryingConfig(promote_good=2))  # none judged outright
+    assert not promotable({**row, "leaned_good": 2}, (4.0, 0.0), TryingConfig(promote_good=2))  # untried ones liked as much

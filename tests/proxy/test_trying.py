@@ -150,3 +150,22 @@ def test_the_poll_tries_until_a_preference_is_found_then_only_after_a_complaint(
         store.close()
         if t._store is not None:
             t._store.close()
+
+
+def test_a_try_never_answered_is_given_back_to_the_budget(tmp_path):
+    from tests.trainer.util import insert_turn
+
+    store = Store(Config(data_dir=str(tmp_path)).db_path)
+    try:
+        def tried(score):
+            turn = insert_turn(store, prompt_ids=[1], completion_ids=[2], score=score)
+            store.update("turns", "id", turn, {"instruction": "x", "instruction_role": "try"})
+
+        tried(1)
+        tried(None)  # waiting for its reply: counted
+        assert store.trying_counts(None) == {"turns": 2, "tried": 2, "counted": 2}
+        insert_turn(store, prompt_ids=[1], completion_ids=[2], score=-1)  # a later turn was judged: never answered
+        tried(None)
+        assert store.trying_counts(None) == {"turns": 4, "tried": 3, "counted": 2}
+    finally:
+        store.close()
