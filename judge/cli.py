@@ -60,7 +60,7 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
 @click.option("--voter", "voters", type=click.Choice(VOTERS), multiple=True,
               help="Voter(s) to score (repeatable; default: embedding and lexical, plus llm when "
                    "--llm-url or --local-model is given).")
-@click.option("--split", type=click.Choice(["heldout", "validation", "train", "all"]), default="heldout",
+@click.option("--split", type=click.Choice(["heldout", "heldout2", "validation", "registers", "train", "all"]), default="heldout",
               show_default=True, help="Which labeled cases (held-out is never tuned on).")
 @click.option("--votes", type=int, default=None, help="Votes per case (default judge.votes).")
 @click.option("--llm-url", default=None, help="OpenAI-compatible base URL for the llm voter.")

@@ -5,6 +5,9 @@ Splits:
 - ``validation`` (cases_validation.yaml): what hyper-parameters and voter choices are tuned on.
 - ``heldout`` (cases_frozen.yaml): frozen, written in one go before the voters it measures; never
   fitted or tuned on, scored once per released voter (judge/eval/README.md).
+- ``registers`` (cases_registers_validation.yaml): task dialogues in the registers real people use
+  (failed searches, terse, polite and non-native replies, restated requests); tuned on, never fitted.
+- ``heldout2`` (cases_registers_frozen.yaml): frozen like ``heldout``, in those registers.
 
 ``request`` and ``next`` are either the user's text or a list of OpenClaw messages; a list goes
 through judge/extract.py, the same way the worker reads a recorded turn.
@@ -22,9 +25,11 @@ from judge.extract import JudgeInput, clean_user_text, last_user_request, next_s
 
 HERE = Path(__file__).resolve().parent
 FILES = {"train": HERE / "cases_train.yaml", "validation": HERE / "cases_validation.yaml",
-         "heldout": HERE / "cases_frozen.yaml"}
+         "heldout": HERE / "cases_frozen.yaml", "registers": HERE / "cases_registers_validation.yaml",
+         "heldout2": HERE / "cases_registers_frozen.yaml"}
+FROZEN = ("heldout", "heldout2")  # never fitted or tuned on
 LABEL_SCORE = {"bad": -1, "neutral": 0, "good": 1}
-SPLITS = ("heldout", "validation", "train", "all")
+SPLITS = ("heldout", "heldout2", "validation", "registers", "train", "all")
 
 
 @dataclass
@@ -63,8 +68,8 @@ def load_file(path: Path, split: str) -> list[Case]:
 
 
 def load_cases(split: str = "heldout") -> list[Case]:
-    """Cases of one split ('train', 'validation', 'heldout') or 'all'."""
+    """Cases of one split (see ``SPLITS``) or 'all'."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: use one of {', '.join(SPLITS)}")
-    names = ["train", "validation", "heldout"] if split == "all" else [split]
+    names = list(FILES) if split == "all" else [split]
     return [c for name in names for c in load_file(FILES[name], name)]
