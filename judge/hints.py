@@ -237,6 +237,29 @@ class InstructionChooser:
         top = np.argsort(-sims)[: self.shortlist]
         return [(float(sims[i]), self.instructions[i]) for i in top]
 
+    def diverse(self, reactions: list[str], k: int, *, taken: list[str] = (), novelty: float = 0.5,  # type: ignore[assignment]
+                allowed: Callable[[str], bool] = lambda _: True) -> list[tuple[float, str]]:
+        """``k`` of the nearest ``shortlist``, by maximal marginal relevance (Carbonell & Goldstein,
+        1998): each next one maximizes its cosine to the reactions minus ``novelty`` times its largest
+        cosine to those already chosen or ``taken``. A complaint about paragraphs is nearest to many
+        paragraph rules, of which few fix it; the shortlist then also holds its other readings."""
+        import numpy as np
+
+        pool = [(sim, x) for sim, x in self.nearest(reactions) if allowed(x)]
+        if not pool or k <= 0:
+            return []
+        vecs = self.embed([x for _, x in pool])  # type: ignore[misc]
+        chosen = self.embed(list(taken)) if taken else np.zeros((0, vecs.shape[1]))  # type: ignore[misc]
+        out: list[tuple[float, str]] = []
+        left = list(range(len(pool)))
+        while left and len(out) < k:
+            overlap = (vecs[left] @ chosen.T).max(axis=1) if len(chosen) else np.zeros(len(left))
+            gains = [pool[i][0] - novelty * float(o) for i, o in zip(left, overlap, strict=True)]
+            best = left.pop(int(np.argmax(gains)))
+            out.append(pool[best])
+            chosen = np.vstack([chosen, vecs[best][None, :]])
+        return out
+
     def ranked(self, reactions: list[str]) -> list[tuple[float, str]]:
         """The shortlist with its scores (PMI with an LLM, else the cosine), best first."""
         reactions = [r for r in reactions if r.strip()]

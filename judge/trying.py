@@ -6,8 +6,9 @@ judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
 
 - **shortlist**: after a complaint, the user's shortlisted candidates that have not failed stay,
   and the free places go to up to two short complaints of their own that the judge took a hint
-  from ("shorter, please"), then to the bank's instructions (``judge/data/instructions.txt``)
-  nearest their recent complaints by sentence embedding;
+  from and that ask for something ("shorter, please", not "I lose my place"), then to the bank's
+  instructions (``judge/data/instructions.txt``) near their recent complaints by sentence embedding
+  and unlike each other (maximal marginal relevance over the nearest four times the shortlist);
 - **promote**: a candidate becomes an active preference when its replies are likely liked more often
   than the user's untried ones: P(θ_candidate > θ_untried) >= ``promote_confidence`` under Beta
   posteriors (one wrong sign from the judge does not block a candidate the user plainly prefers);
@@ -35,15 +36,39 @@ log = logging.getLogger(__name__)
 
 SAID_KEPT = 2  # the user's own words: the newest two complaints, beside the bank's nearest
 MEMORY_READ = 6  # complaints the shortlist is computed from, newest first
+NOVELTY = 0.5  # the bank's places by maximal marginal relevance: nearest the complaints, unlike each other
 # A complaint that asks for agreement, not for a style: never served back as an instruction.
 _NOT_STYLE = re.compile(r"\b(agree|admit|concede|apolog\w*|say (?:yes|that|i'?m)|i'?m right|you'?re wrong)\b",
                         re.IGNORECASE)
 
 
+# A clause that asks for something: "please", or an imperative or comparative first word.
+_REQUEST_START = frozenset("""
+add answer avoid be break bring change cut cite don't dont drop explain fewer format
+give include keep leave less limit list make more move number only put quit remove
+rephrase reply respond say separate shorten shorter show simplify skip slow speak spell split start
+state stick stop structure summarize summarise talk tell trim try use write just longer
+""".split())
+_CLAUSES = re.compile(r"[.,;:!?]+\s*")
+
+
+def asks(text: str) -> bool:
+    """Whether the reply asks for something ("shorter, please", "ugh. just the answer"), rather than
+    only describing a problem ("I lose my place in this"): only a request is served back as an instruction."""
+    if re.search(r"\bplease\b", text, re.IGNORECASE):
+        return True
+    for clause in _CLAUSES.split(text.lower()):
+        words = re.findall(r"[a-z']+", clause)
+        if words and words[0] in _REQUEST_START:
+            return True
+    return False
+
+
 def said_instruction(text: str, max_words: int) -> str | None:
-    """The user's complaint as a candidate instruction, or None: too long, empty or not about style."""
+    """The user's complaint as a candidate instruction, or None: too long, empty, not a request, or
+    not about style."""
     text = " ".join(text.split()).strip()
-    if not text or len(text.split()) > max_words or _NOT_STYLE.search(text):
+    if not text or len(text.split()) > max_words or _NOT_STYLE.search(text) or not asks(text):
         return None
     return text
 
@@ -132,7 +157,8 @@ class Trier:
                 said.append(cand)
         if self.chooser is None:
             self.chooser = InstructionChooser(embed=self.embed, shortlist=self.cfg.shortlist * 4)
-        near = [(sim, x) for sim, x in self.chooser.nearest(texts) if free(x)]
+        near = self.chooser.diverse(texts, self.cfg.shortlist, taken=[r["text"] for r in kept] + said[:SAID_KEPT],
+                                    novelty=NOVELTY, allowed=free)
         best = max([s for s, _ in near] + [float(r["prior"]) for r in kept], default=1.0)
         room = self.cfg.shortlist - len(kept)
         # the user's own words first (at most SAID_KEPT of the places), then the bank by similarity

@@ -156,3 +156,36 @@ def test_an_abstention_leans_the_way_its_majority_did(store):
     assert promotable({**row, "leaned_good": 2}, unhappy, TryingConfig(promote_good=2))
     assert not promotable({**row, "good": 0, "leaned_good": 6}, unhappy, TryingConfig(promote_good=2))  # none judged outright
     assert not promotable({**row, "leaned_good": 2}, (4.0, 0.0), TryingConfig(promote_good=2))  # untried ones liked as much
+
+
+def test_only_a_request_in_the_users_words_is_a_candidate():
+    assert said_instruction("ugh. just the answer.", 12) == "ugh. just the answer."
+    assert said_instruction("this is far too wordy, trim it down", 12) is not None
+    # a description of the problem is not an instruction to serve back
+    assert said_instruction("I lose my place in paragraphs like this one more.", 12) is None
+    assert said_instruction("hard to follow", 12) is None
+
+
+def test_the_banks_places_are_near_the_complaints_and_unlike_each_other():
+    import numpy as np
+
+    from judge.hints import InstructionChooser
+
+    # two near-duplicates nearest the complaint, and a different reading a little further away
+    bank = ["Keep paragraphs short.", "Keep each paragraph short.", "Use bullet points.", "Write a poem."]
+    vecs = {"Keep paragraphs short.": [0.95, 0.312, 0.0], "Keep each paragraph short.": [0.94, 0.341, 0.0],
+            "Use bullet points.": [0.9, 0.0, 0.436], "Write a poem.": [0.0, 0.0, 1.0], "too dense": [1.0, 0.0, 0.0]}
+
+    def embed(texts):
+        m = np.array([vecs[t] for t in texts])
+        return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+    chooser = InstructionChooser(instructions=bank, embed=embed, shortlist=4)
+    assert [x for _, x in chooser.diverse(["too dense"], 2, novelty=0.0)] == bank[:2]
+    assert [x for _, x in chooser.diverse(["too dense"], 2, novelty=0.5)] == ["Keep paragraphs short.",
+                                                                              "Use bullet points."]
+    # what is already on the shortlist counts as chosen; what is not allowed is never offered
+    assert [x for _, x in chooser.diverse(["too dense"], 1, taken=["Keep paragraphs short."])] == [
+        "Use bullet points."]
+    assert "Use bullet points." not in [x for _, x in chooser.diverse(
+        ["too dense"], 3, allowed=lambda x: x != "Use bullet points.")]
