@@ -71,3 +71,18 @@ def on_signals(*signums: int) -> Iterator[Stop]:
         for sig, old in previous.items():
             signal.signal(sig, old)
         stop.close()
+
+
+@contextmanager
+def terminate_unwinds() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit(143)`` on the main thread while the block runs, so its ``finally``
+    blocks (and ``asyncio.run``'s cancellation) run: by default SIGTERM ends Python at once, and a
+    command that started a system would leave it running."""
+    def handler(_signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -71,6 +71,7 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
     from clawproxy.simulate.run import SimSettings
     from clawproxy.simulate.run import simulate as run_sim
     from clawproxy.simulate.system import System
+    from clawproxy.stop import terminate_unwinds
 
     personas = [persona]
     if users_spec is None:
@@ -141,7 +142,8 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
         return
     table = LiveTable()
     try:
-        curve = asyncio.run(run_sim(settings, on_point=lambda p: table.add(settings.method, p)))
+        with terminate_unwinds():  # SIGTERM stops the system this command started
+            curve = asyncio.run(run_sim(settings, on_point=lambda p: table.add(settings.method, p)))
     except ClawproxyError as e:
         raise click.ClickException(e.message) from e
     finally:
@@ -187,11 +189,13 @@ def _run_users(settings, users, cfg, system, out_dir, data_dir) -> None:
     from clawproxy.errors import ClawproxyError
     from clawproxy.simulate.measure import LiveTable, plot_png, write_json
     from clawproxy.simulate.multi import print_table, simulate_users, summary
+    from clawproxy.stop import terminate_unwinds
 
     table = LiveTable()
     try:
-        curves = asyncio.run(simulate_users(settings, users, max_staleness=cfg.trainer.max_staleness,
-                                            on_point=lambda u, p: table.add(u.name, p)))
+        with terminate_unwinds():  # SIGTERM stops the system this command started
+            curves = asyncio.run(simulate_users(settings, users, max_staleness=cfg.trainer.max_staleness,
+                                                on_point=lambda u, p: table.add(u.name, p)))
     except ClawproxyError as e:
         raise click.ClickException(e.message) from e
     finally:

@@ -102,3 +102,39 @@ def test_on_signals_restores_the_previous_handlers():
         signal.raise_signal(signal.SIGTERM)
         assert stop.is_set()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+UNWIND_CHILD = r"""
+import asyncio, contextlib, sys
+from clawproxy.stop import terminate_unwinds
+
+async def serve():
+    print("running", flush=True)
+    await asyncio.sleep(60)
+
+wrap = terminate_unwinds() if sys.argv[1] == "unwinds" else contextlib.nullcontext()
+try:
+    with wrap:
+        asyncio.run(serve())
+finally:
+    print("stopped the system", flush=True)
+"""
+
+
+def _terminated(mode: str) -> tuple[int, str]:
+    proc = subprocess.Popen([sys.executable, "-c", UNWIND_CHILD, mode], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert _readline(proc, 30) == "running\n"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        return proc.returncode, out
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_unwinds_a_command_so_it_stops_what_it_started():
+    # clawproxy simulate's finally stops the `clawproxy start` it launched
+    assert _terminated("unwinds") == (143, "stopped the system\n")
+    # by default SIGTERM ends Python at once and no finally runs: the check above can fail
+    assert _terminated("default") == (-signal.SIGTERM, "")
