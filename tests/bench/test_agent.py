@@ -24,6 +24,7 @@ from clawproxy.simulate.agent_tasks import (
     materialize,
 )
 from tests.bench.util import bench_module
+from tests.waits import assert_stays_sync
 
 TASKS = load_tasks()
 BY_KIND = {k: [t for t in TASKS if t.kind == k] for k in KINDS}
@@ -236,7 +237,13 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
     monkeypatch.setattr(agent, "run_task", run_task)
     # agent_learn's own handler: a background CI shell starts Python with SIGINT ignored
     previous = signal.signal(signal.SIGTERM, stop)
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    def signal_when_running():  # both workers hold a task: the signal lands mid-point
+        deadline = time.monotonic() + 30
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_when_running, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             agent.run_tasks(BY_KIND["question"][:6], None, tmp_path, tmp_path / "c.json", tmp_path / "db",
@@ -244,8 +251,8 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
     finally:
         signal.signal(signal.SIGTERM, previous)
         release.set()
-    time.sleep(0.2)
-    assert len(started) == 2  # the two that were running; the other four never started
+    # the two that were running; the other four never start, now that the workers are free
+    assert_stays_sync(lambda: len(started) == 2, "only the two running tasks started", 0.2)
 
 
 def test_reparse_counts_recovered_calls_and_never_turns_an_ordinary_answer_into_one(tmp_path):
