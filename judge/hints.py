@@ -10,7 +10,7 @@ it. A bare "useless" or "👎" says nothing about what to do instead, so it yiel
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,7 @@ class InstructionChooser:
         top = np.argsort(-sims)[: self.shortlist]
         return [(float(sims[i]), self.instructions[i]) for i in top]
 
-    def diverse(self, reactions: list[str], k: int, *, taken: list[str] = (), novelty: float = 0.5,  # type: ignore[assignment]
+    def diverse(self, reactions: list[str], k: int, *, taken: Sequence[str] = (), novelty: float = 0.5,
                 allowed: Callable[[str], bool] = lambda _: True) -> list[tuple[float, str]]:
         """``k`` of the nearest ``shortlist``, by maximal marginal relevance (Carbonell & Goldstein,
         1998): each next one maximizes its cosine to the reactions minus ``novelty`` times its largest
@@ -246,10 +246,11 @@ class InstructionChooser:
         import numpy as np
 
         pool = [(sim, x) for sim, x in self.nearest(reactions) if allowed(x)]
-        if not pool or k <= 0:
+        embed = self.embed  # set by nearest
+        if not pool or k <= 0 or embed is None:
             return []
-        vecs = self.embed([x for _, x in pool])  # type: ignore[misc]
-        chosen = self.embed(list(taken)) if taken else np.zeros((0, vecs.shape[1]))  # type: ignore[misc]
+        vecs = embed([x for _, x in pool])
+        chosen = embed(list(taken)) if taken else np.zeros((0, vecs.shape[1]))
         out: list[tuple[float, str]] = []
         left = list(range(len(pool)))
         while left and len(out) < k:

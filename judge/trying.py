@@ -6,7 +6,7 @@ judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
 
 - **shortlist**: after a complaint, the user's shortlisted candidates that have not failed stay,
   and the free places go to up to two short complaints of their own that the judge took a hint
-  from and that ask for something ("shorter, please", not "I lose my place"), then to the bank's
+  from and that ask for something ("shorter, please", not "I can never find the part I need"), then to the bank's
   instructions (``judge/data/instructions.txt``) near their recent complaints by sentence embedding
   and unlike each other (maximal marginal relevance over the nearest four times the shortlist);
 - **promote**: a candidate becomes an active preference when its replies are likely liked more often
@@ -53,8 +53,8 @@ _CLAUSES = re.compile(r"[.,;:!?]+\s*")
 
 
 def asks(text: str) -> bool:
-    """Whether the reply asks for something ("shorter, please", "ugh. just the answer"), rather than
-    only describing a problem ("I lose my place in this"): only a request is served back as an instruction."""
+    """Whether the reply asks for something ("shorter, please", "ok. just give me the number"), rather than
+    only describing a problem ("I can never find the part I need"): only a request is served back as an instruction."""
     if re.search(r"\bplease\b", text, re.IGNORECASE):
         return True
     for clause in _CLAUSES.split(text.lower()):

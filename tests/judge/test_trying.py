@@ -159,10 +159,10 @@ def test_an_abstention_leans_the_way_its_majority_did(store):
 
 
 def test_only_a_request_in_the_users_words_is_a_candidate():
-    assert said_instruction("ugh. just the answer.", 12) == "ugh. just the answer."
+    assert said_instruction("ok. just give me the number.", 12) == "ok. just give me the number."
     assert said_instruction("this is far too wordy, trim it down", 12) is not None
     # a description of the problem is not an instruction to serve back
-    assert said_instruction("I lose my place in paragraphs like this one more.", 12) is None
+    assert said_instruction("I can never find the part I need in these.", 12) is None
     assert said_instruction("hard to follow", 12) is None
 
 
