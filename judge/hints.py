@@ -249,7 +249,8 @@ class InstructionChooser:
         embed = self.embed  # set by nearest
         if not pool or k <= 0 or embed is None:
             return []
-        vecs = embed([x for _, x in pool])
+        row = {x: i for i, x in enumerate(self.instructions)}
+        vecs = self._bank[[row[x] for _, x in pool]]  # embedded once by nearest
         chosen = embed(list(taken)) if taken else np.zeros((0, vecs.shape[1]))
         out: list[tuple[float, str]] = []
         left = list(range(len(pool)))
