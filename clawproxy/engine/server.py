@@ -40,6 +40,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,6 +344,20 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
+async def _events(queue: asyncio.Queue[StepEvent]) -> AsyncIterator[StepEvent]:
+    """The request's step events, up to and including the one that finishes or fails it."""
+    while True:
+        ev = await queue.get()
+        yield ev
+        if ev.error or ev.finish_reason is not None:
+            return
+
+
+def _finish_reason(reason: str | None, parser: ToolCallStreamParser) -> str | None:
+    """vLLM reports a stop that ended in a parsed tool call as "tool_calls"."""
+    return "tool_calls" if reason == "stop" and parser.calls else reason
+
+
 async def _stream(
     request: web.Request,
     engine: Engine,
@@ -358,27 +373,12 @@ async def _stream(
         }
     )
     await resp.prepare(request)
-    try:
-        await _write_stream(resp, engine, job, queue, meta)
-    except ConnectionResetError:
-        # The client went away mid-stream; the caller's finally frees its batch slot.
-        log.info("client disconnected from %s", meta["id"])
-    return resp
-
-
-async def _write_stream(
-    resp: web.StreamResponse,
-    engine: Engine,
-    job: ChatJob,
-    queue: asyncio.Queue[StepEvent],
-    meta: dict[str, Any],
-) -> None:
     token_text = _TokenText(engine)
     parser = ToolCallStreamParser(enabled=job.parse_tools, tools=job.tool_names)
     base = {**meta, "object": "chat.completion.chunk"}
 
     def chunk(delta: dict, version: int, finish: str | None = None, stop_reason: Any = None,
-              ev: StepEvent | None = None, **extra: Any) -> dict:
+              ev: StepEvent | None = None, **extra: Any) -> bytes:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                   "finish_reason": finish}
         if finish is not None:
@@ -387,53 +387,44 @@ async def _write_stream(
             choice["logprobs"] = {"content": _logprob_entries(ev, token_text)}
         if ev is not None and job.return_token_ids:
             choice["token_ids"] = list(ev.token_ids)
-        return {**base, "choices": [choice], **extra, "weight_version": version}
+        return _sse({**base, "choices": [choice], **extra, "weight_version": version})
 
-    first_extra: dict[str, Any] = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
-    await resp.write(_sse(chunk({"role": "assistant", "content": ""}, engine.weight_version, **first_extra)))
-    n_completion, cached = 0, 0
-    version = engine.weight_version
-    while True:
-        ev = await queue.get()
-        version, cached = ev.weight_version, ev.cached_tokens or cached
-        n_completion += len(ev.token_ids)
-        if ev.error:
-            await resp.write(_sse(error_body(ClawproxyError(ev.error), vllm=True)))
-            break
-        parsed = parser.feed(ev.text)
-        if ev.finish_reason is not None:
-            tail = parser.finish()
-            parsed.content += tail.content
-            parsed.tool_calls += tail.tool_calls
-        deltas: list[dict[str, Any]] = []
-        if parsed.content:
-            deltas.append({"content": parsed.content})
-        deltas += [{"tool_calls": [tc]} for tc in parsed.tool_calls]
-        finish = ev.finish_reason
-        if finish == "stop" and parser.calls:
-            finish = "tool_calls"
-        if not deltas and (ev.token_ids and (job.return_token_ids or job.params.logprobs) or finish):
-            deltas.append({})
-        for i, delta in enumerate(deltas):
-            last = i == len(deltas) - 1
-            await resp.write(
-                _sse(
-                    chunk(
-                        delta,
-                        version,
-                        finish=finish if last else None,
-                        stop_reason=ev.stop_reason,
-                        ev=ev if i == 0 else None,
-                    )
-                )
-            )
-        if ev.finish_reason is not None:
-            break
-    if job.include_usage:
-        usage = _usage(len(job.prompt_ids), n_completion, cached)
-        await resp.write(_sse({**base, "choices": [], "usage": usage, "weight_version": version}))
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
+    try:
+        first_extra: dict[str, Any] = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
+        await resp.write(chunk({"role": "assistant", "content": ""}, engine.weight_version, **first_extra))
+        n_completion, cached = 0, 0
+        version = engine.weight_version
+        async for ev in _events(queue):
+            version, cached = ev.weight_version, ev.cached_tokens or cached
+            n_completion += len(ev.token_ids)
+            if ev.error:
+                await resp.write(_sse(error_body(ClawproxyError(ev.error), vllm=True)))
+                break
+            parsed = parser.feed(ev.text)
+            if ev.finish_reason is not None:
+                tail = parser.finish()
+                parsed.content += tail.content
+                parsed.tool_calls += tail.tool_calls
+            deltas: list[dict[str, Any]] = []
+            if parsed.content:
+                deltas.append({"content": parsed.content})
+            deltas += [{"tool_calls": [tc]} for tc in parsed.tool_calls]
+            finish = _finish_reason(ev.finish_reason, parser)
+            if not deltas and (ev.token_ids and (job.return_token_ids or job.params.logprobs) or finish):
+                deltas.append({})
+            for i, delta in enumerate(deltas):
+                last = i == len(deltas) - 1
+                await resp.write(chunk(delta, version, finish=finish if last else None,
+                                       stop_reason=ev.stop_reason, ev=ev if i == 0 else None))
+        if job.include_usage:
+            usage = _usage(len(job.prompt_ids), n_completion, cached)
+            await resp.write(_sse({**base, "choices": [], "usage": usage, "weight_version": version}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except ConnectionResetError:
+        # The client went away mid-stream; the caller's finally frees its batch slot.
+        log.info("client disconnected from %s", meta["id"])
+    return resp
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -446,21 +437,16 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 async def _complete(
     engine: Engine, job: ChatJob, queue: asyncio.Queue[StepEvent], meta: dict[str, Any]
 ) -> web.Response:
-    events: list[StepEvent] = []
-    while True:
-        ev = await queue.get()
-        events.append(ev)
-        if ev.error:
-            return _error(ClawproxyError(ev.error))
-        if ev.finish_reason is not None:
-            break
+    events = [ev async for ev in _events(queue)]
+    if events[-1].error:
+        return _error(ClawproxyError(events[-1].error))
     token_ids = [t for ev in events for t in ev.token_ids]
     text = "".join(ev.text for ev in events)
     parser = ToolCallStreamParser(enabled=job.parse_tools, tools=job.tool_names)
     first, tail = parser.feed(text), parser.finish()
     content = first.content + tail.content
     final = events[-1]
-    finish = "tool_calls" if parser.calls and final.finish_reason == "stop" else final.finish_reason
+    finish = _finish_reason(final.finish_reason, parser)
     message: dict[str, Any] = {
         "role": "assistant",
         "content": content if (content or not parser.calls) else None,
