@@ -24,7 +24,6 @@ import re
 import sys
 import time
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
@@ -33,7 +32,6 @@ import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from clawproxy.config import Config
@@ -49,7 +47,7 @@ from clawproxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
-from clawproxy.proxy import aiohttp_patches, ui
+from clawproxy.proxy import aiohttp_patches, ui, wire
 from clawproxy.proxy.addons import ProxyStats, Recording, default_addons
 from clawproxy.proxy.metrics import ProxyMetrics
 from clawproxy.proxy.recorder import Recorder
@@ -68,12 +66,6 @@ FORWARDED_ROUTES = (
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/*", "/v1/embeddings",
     "/v1/responses", "/v1/responses/*",
 )
-# RFC 9110 §7.6.1 hop-by-hop headers, plus what aiohttp recomputes (length, encoding, host).
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-    "content-encoding", "accept-encoding",
-})
 SESSION_HEADERS = ("session_id", "x-session-affinity", "x-session-id")
 RECORDED_HEADERS = (*SESSION_HEADERS, LEARN_HEADER)  # kept with the turn (the journal's "h")
 SWITCH_INTERVAL_S = 0.0005
@@ -330,19 +322,6 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
-def _request_headers(h: CIMultiDictProxy[str], drop_auth: bool = False,
-                     upstream_token: str | None = None) -> CIMultiDict[str]:
-    out = _end_to_end_headers(h)
-    # Compression buys nothing on loopback and costs CPU per chunk; aiohttp still decodes it
-    # if an upstream compresses anyway.
-    out["Accept-Encoding"] = "identity"
-    if drop_auth:  # it carried the proxy's own token or a user's key
-        out.popall("Authorization", None)
-        if upstream_token:  # the user's key replaced the one vLLM wants
-            out["Authorization"] = f"Bearer {upstream_token}"
-    return out
-
-
 def _protocol_error(status: int, message: str | None, exc: BaseException | None) -> web.StreamResponse:
     """What aiohttp's protocol layer answers itself (aiohttp_patches.py), as the OpenAI JSON error
     our clients parse; the connection is closed, as aiohttp would."""
@@ -354,132 +333,6 @@ def _protocol_error(status: int, message: str | None, exc: BaseException | None)
     out = error_response(err)
     out.force_close()
     return out
-
-
-def _end_to_end_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """``h`` without hop-by-hop headers, including those named by its Connection header."""
-    drop = {t.strip().lower() for t in h.get("Connection", "").split(",") if t.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in h.items():
-        lk = k.lower()
-        if lk not in HOP_BY_HOP and lk not in drop:
-            out.add(k, v)
-    return out
-
-
-def _splice_fields(body: bytes, logprobs: bool, token_ids: bool) -> bytes:
-    """Add ``"logprobs":true`` / ``"return_token_ids":true`` without re-serializing the body."""
-    fields = []
-    if logprobs:
-        fields.append(b'"logprobs":true')
-    if token_ids:
-        fields.append(b'"return_token_ids":true')
-    i = body.index(b"{") + 1
-    rest = body[i:]
-    sep = b"" if rest.lstrip().startswith(b"}") else b","
-    return body[:i] + b",".join(fields) + sep + rest
-
-
-def _parse_chat_body(request: web.Request, body: bytes) -> dict[str, Any]:
-    ctype = request.content_type
-    if ctype != "application/json" and not ctype.endswith("+json"):
-        raise RequestError(f"Content-Type must be application/json, got {ctype or 'none'!r}.",
-                           status=415, code="unsupported_media_type")
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as ue:
-            raise RequestError(f"request body is not valid UTF-8 (byte {ue.start}).",
-                               code="invalid_utf8") from None
-        raise RequestError(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(obj, dict):
-        raise RequestError("request body must be a JSON object.", code="invalid_json")
-    if not isinstance(obj.get("messages"), list):
-        raise RequestError("'messages' must be an array of messages.", code="invalid_messages")
-    return obj
-
-
-_UNREAD_BODY = frozenset({"request_timeout", "request_too_large", "invalid_content_encoding",
-                          "invalid_body"})
-
-
-def _too_large(limit: int) -> RequestError:
-    return RequestError(f"request body exceeds the {limit}-byte limit (proxy.max_body_bytes), "
-                        "after decompression.", status=413, code="request_too_large")
-
-
-async def _read_body(request: web.Request, limit: int, timeout: float) -> bytes:
-    """The request body, decompressed, at most ``limit`` bytes, within ``timeout`` seconds."""
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestError(f"request body of {request.content_length} bytes exceeds the "
-                           f"{limit}-byte limit (proxy.max_body_bytes).", status=413,
-                           code="request_too_large")
-    coding = request.headers.get("Content-Encoding", "").strip().lower()
-    # A server run without server_options() has aiohttp decompress (it marks the stream so).
-    if coding in ("", "identity") or getattr(request.content, "total_compressed_bytes", None) is not None:
-        coding = ""
-    elif coding not in ("gzip", "x-gzip", "deflate"):
-        raise RequestError(f"Content-Encoding {coding!r} is not supported; send the body "
-                           "uncompressed, gzip or deflate.", status=415,
-                           code="unsupported_content_encoding")
-    try:
-        async with asyncio.timeout(timeout):
-            return await _read_decoded(request.content, coding, limit)
-    except TimeoutError:
-        raise RequestError(f"the request body did not arrive within {timeout:g} s "
-                           "(proxy.body_timeout_s).", status=408, code="request_timeout") from None
-    except HttpProcessingError as e:
-        raise RequestError(f"malformed request body: {e.message}", code="invalid_body") from None
-
-
-async def _read_decoded(stream: aiohttp.StreamReader, coding: str, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    dec = None
-    if coding:
-        # gzip: header autodetected (32+); deflate: zlib-wrapped (15) or raw (-15), decided below.
-        dec = zlib.decompressobj(47 if coding != "deflate" else 15)
-        first = True
-    while chunk := await stream.readany():
-        if dec is None:
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            parts.append(chunk)
-            continue
-        if first and coding == "deflate" and chunk[0] & 0x0F != 8:
-            dec = zlib.decompressobj(-15)  # raw deflate, as many clients send it
-        first = False
-        data = chunk
-        while data:  # decompress in bounded steps: a 200 MB bomb stops at limit + 1 bytes
-            try:
-                out = dec.decompress(data, limit + 1 - size)
-            except zlib.error as e:
-                raise RequestError(f"request body is not valid {coding} data ({e}); drop the "
-                                   "Content-Encoding header or compress the body.",
-                                   code="invalid_content_encoding") from None
-            size += len(out)
-            if size > limit:
-                raise _too_large(limit)
-            parts.append(out)
-            data = dec.unconsumed_tail
-            if data:
-                await asyncio.sleep(0)  # a long inflate must not starve the other requests
-        if dec.eof:
-            break
-    if dec is not None and not dec.eof:
-        raise RequestError(f"request body is truncated {coding} data.",
-                           code="invalid_content_encoding")
-    return b"".join(parts)
-
-
-def _int_header(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 # -- the forwarding handler: IO only; what happened goes to the request's tap (tap.py) ------------
@@ -541,7 +394,7 @@ async def _forward(request: web.Request, tap: Tap) -> web.StreamResponse:
             log.warning("upstream failure (%d): %s", e.status, e.message)
         tap.fail(e.status, e.message)
         resp = error_response(e)
-        if e.code in _UNREAD_BODY:
+        if e.code in wire.UNREAD_BODY:
             resp.force_close()  # the rest of the body is still on the wire: drop the connection
     except Exception as e:  # a bug of ours: logged with its traceback, the client gets JSON
         log.exception("proxy error on %s %s", request.method, request.path)
@@ -569,14 +422,14 @@ async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
     app = request.app
     cfg = app[CONFIG_KEY]
     st = app[STATS_KEY]
-    body = await _read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
+    body = await wire.read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
     tap.body(body)
     added = Added()
     chat = tap.flow.chat
     router = app[ROUTER_KEY] if chat else None
     target = None
     if chat:
-        obj = _parse_chat_body(request, body)
+        obj = wire.parse_chat_body(request, body)
         tap.chat_body(obj)
         if router is not None:
             body, target = router.route(obj, body, user)
@@ -591,7 +444,7 @@ async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
         body = app[ROUTER_KEY].guard(body, user)
     retried_plain = rerouted = False
     while True:
-        sent = _splice_fields(body, added.logprobs, added.token_ids) if added else body
+        sent = wire.splice_fields(body, added.logprobs, added.token_ids) if added else body
         up = await _ask(request, sent, tap, drop_auth)
         # Only when the same request succeeds without our fields were they the problem; a 400
         # about the client's own fields (say, top_logprobs out of range) must not turn token
@@ -601,7 +454,7 @@ async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
             log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
                         "token ids from now on (set proxy.record_tokens: false to silence this)")
         if up.headers.get("Content-Type", "").startswith("text/event-stream"):
-            tap.response(up.status, _int_header(up.headers.get("x-weight-version")), True, added)
+            tap.response(up.status, wire.int_header(up.headers.get("x-weight-version")), True, added)
             return await _stream(request, up, tap)
         data = await _read_answer(request, up, tap)
         if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
@@ -613,11 +466,11 @@ async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
             tap.routed(target.version if target is not None else None)
             continue
         break
-    tap.response(up.status, _int_header(up.headers.get("x-weight-version")), False, added)
+    tap.response(up.status, wire.int_header(up.headers.get("x-weight-version")), False, added)
     data = tap.answer(data)
     if not chat and user is not None and up.status == 200 and request.method == "GET" and request.path == "/v1/models":
         data = app[ROUTER_KEY].visible_models(data, user)
-    return web.Response(status=up.status, body=data, headers=_end_to_end_headers(up.headers)), None
+    return web.Response(status=up.status, body=data, headers=wire.end_to_end_headers(up.headers)), None
 
 
 async def _ask(request: web.Request, body: bytes, tap: Tap, drop_auth: bool) -> aiohttp.ClientResponse:
@@ -627,7 +480,7 @@ async def _ask(request: web.Request, body: bytes, tap: Tap, drop_auth: bool) -> 
     t0 = time.perf_counter()
     try:
         up = await app[UPSTREAM_KEY].request(
-            request.method, url, headers=_request_headers(
+            request.method, url, headers=wire.request_headers(
                 request.headers, drop_auth, app[CONFIG_KEY].engine.control_token if app[ROUTER_KEY].active else None),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
             allow_redirects=False,
@@ -672,7 +525,7 @@ async def _stream(request: web.Request, up: aiohttp.ClientResponse, tap: Tap,
     turn is recorded. A stream that ends without ``[DONE]`` or fails gets an in-band error event
     as its end.
     """
-    resp = _Relay(status=up.status, headers=_end_to_end_headers(up.headers))
+    resp = _Relay(status=up.status, headers=wire.end_to_end_headers(up.headers))
     waiting: float | None = None  # since when we wait on the upstream, None: we don't
     try:
         await resp.prepare(request)

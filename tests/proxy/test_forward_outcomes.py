@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from clawproxy.proxy import app as proxy_app
+from clawproxy.proxy import wire
 from clawproxy.proxy.app import RECORDER_KEY, STATS_KEY
 from clawproxy.proxy.tap import Capture
 from tests.waits import assert_stays, until
@@ -81,7 +81,7 @@ async def test_a_bug_of_ours_is_submitted_once(make_rig, monkeypatch):
     def broken(*_a, **_k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(proxy_app, "_splice_fields", broken)
+    monkeypatch.setattr(wire, "splice_fields", broken)
     status, _, body = await rig.chat(BODY)
     assert status == 500 and b"internal proxy error" in body
     cap = _one(caps)
