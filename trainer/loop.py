@@ -7,12 +7,14 @@
                                        version (a rollback made elsewhere?), the next batch_size useful
                                        samples, their RL baselines and the learning rate; every process
                                        gets the same Batch and loads that owner's serving weights
+                                       (``holding.py``: switching owners, restoring a version)
         train_step(policy, optimizer, batch, cfg)
                                        one pure function: teacher pass, clipped surrogate, backward,
                                        clip, AdamW step; its figures in one StepMetrics record
         gate.check                     finite loss/grads/weights, canaries, KL to the previous version
         publish                        the main process writes checkpoint v<N+1> (atomic), reloads the
-                                       engine and records the step; every process gets the outcome.
+                                       engine and records the step (``publishing.py``); every process
+                                       gets the outcome.
                                        A refused or failed step restores the last published weights.
 
 Owners: with users (``clawproxy/users.py``) each user has an adapter of their own and there is a
@@ -41,81 +43,50 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from clawproxy.config import Config
-from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from trainer import gate
 from trainer.batch import Sample, select_samples, student_prompt_ids, teacher_prompt_ids
-from trainer.checkpoints import (
-    Version,
-    checkpoints_root,
-    current_version,
-    ensure_engine_serves,
-    is_refusal,
-    next_version,
-    prune,
-    publish,
-    validate_checkpoint,
-    write_atomically,
-)
+from trainer.checkpoints import Version, checkpoints_root, current_version, ensure_engine_serves
 from trainer.config import TrainerConfig
+from trainer.holding import Holding
 from trainer.losses import (
     PackedBatch,
     TokenBatch,
-    TokenTrie,
     can_pack,
     combined_advantages,
     completion_logps,
     make_packed_batch,
     make_token_batch,
+    pack_groups,
     pad_floats,
     ppo_clipped_loss,
 )
+from trainer.metrics import StepMetrics, StepResult
 from trainer.policy import (
     TEACHER_ADAPTER,
+    Policy,
     Teacher,
     adapter_state,
     load_policy,
     load_tokenizer,
-    load_version_into,
     unwrap,
 )
+from trainer.publishing import Publisher
 
 log = logging.getLogger(__name__)
 MIN_LR_SCALE = 1 / 8  # refusal_backoff never takes the learning rate below this share of it
 T = TypeVar("T")
-
-
-@dataclass
-class Policy:
-    """What a step trains: the accelerate-prepared model and its trainable parameters, the OPD
-    teacher (and KL reference), the tokenizer, and the accelerator that places them."""
-
-    model: torch.nn.Module
-    params: list[torch.nn.Parameter]
-    teacher: Teacher
-    tokenizer: Any
-    accelerator: Any
-
-    def no_sync_model(self) -> torch.nn.Module:
-        """The model for gradient-free passes: under DDP the inner module, whose forward does no
-        collective (DDP's would broadcast buffers); FSDP needs its wrapper to gather shards."""
-        from accelerate.utils import DistributedType
-
-        if self.accelerator.distributed_type == DistributedType.FSDP:
-            return self.model
-        return unwrap(self.model)
 
 
 @dataclass
@@ -130,117 +101,6 @@ class Batch:
     engine_ok: bool = True  # a full batch found the engine answering /health
     owner: str | None = None  # whose adapter this batch trains (None: the shared one)
     owners: tuple[str | None, ...] = (None,)  # every owner now: a removed user's saved moments go
-
-
-def _summed() -> Any:
-    return field(default=0.0, metadata={"summed": True})
-
-
-@dataclass
-class StepMetrics:
-    """Every figure of one step, in one record; ``as_dict`` is what ``train_steps.metrics`` stores.
-
-    The sums add up over micro-batches and are summed over processes once, at the end of
-    ``train_step``; means per completion token are taken from them when the record is read."""
-
-    # summed over micro-batches (weighted: a zero-weight filler pass counts nothing), then processes
-    loss: float = _summed()
-    tokens: float = _summed()
-    completion_tokens: float = _summed()
-    adv_sum: float = _summed()
-    clip_sum: float = _summed()
-    kl_behaviour_sum: float = _summed()
-    kl_ref_sum: float = _summed()
-    ratio_sum: float = _summed()
-    opd_samples: float = _summed()
-    opd_gap_sum: float = _summed()
-    opd_tokens: float = _summed()
-    forwarded: float = _summed()  # tokens the policy pass computed: fewer than ``tokens`` when packed
-    passes: float = _summed()  # forward/backward passes of the policy
-    # the batch and the update
-    samples: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
-    score_mean: float = 0.0
-    score_baseline: float = 0.0
-    skipped: dict[str, int] = field(default_factory=dict)
-    kl_to_reference: bool = False  # kl_coef > 0: "kl" is the KL to the base model, else to the behaviour
-    lr: float = 0.0
-    grad_norm: float = 0.0
-    train_s: float = 0.0
-    # the gate and the publish
-    gate: dict[str, Any] | None = None
-    save_s: float | None = None
-    reload_s: float | None = None
-    publish_s: float | None = None
-    batch_to_serving_s: float | None = None
-    save_error: str | None = None
-    engine_error: str | None = None
-
-    def count(self, chunk: list[Sample], weight: float, loss: torch.Tensor, stats: Any, adv: torch.Tensor,
-              mask: torch.Tensor, gap: torch.Tensor, has_teacher: torch.Tensor) -> None:
-        """Add one micro-batch: its loss, tokens and per-token statistics, times ``weight``."""
-        n = float(mask.sum()) * weight
-        hinted = mask * has_teacher.float().unsqueeze(1)
-        self.loss += float(loss.detach()) * weight
-        self.tokens += sum(len(s.prompt_ids) + len(s.completion_ids) for s in chunk) * weight
-        self.completion_tokens += n
-        self.adv_sum += float((adv * mask).sum()) * weight
-        self.clip_sum += stats.clip_frac * n
-        self.kl_behaviour_sum += stats.kl_behaviour * n
-        self.kl_ref_sum += stats.kl_ref * n
-        self.ratio_sum += stats.ratio_mean * n
-        self.opd_samples += float(has_teacher.sum()) * weight
-        self.opd_gap_sum += float((gap * hinted).sum()) * weight
-        self.opd_tokens += float(hinted.sum()) * weight
-        self.passes += weight
-
-    def reduce(self, accelerator: Any) -> None:
-        """Sum the micro-batch sums over processes: the step's one collective for its figures."""
-        if accelerator.num_processes == 1:
-            return
-        names = [f.name for f in fields(self) if f.metadata.get("summed")]
-        vec = torch.tensor([getattr(self, k) for k in names], device=accelerator.device, dtype=torch.float64)
-        for k, v in zip(names, accelerator.reduce(vec, "sum").tolist(), strict=True):
-            setattr(self, k, v)
-
-    def as_dict(self) -> dict[str, Any]:
-        ct = max(self.completion_tokens, 1.0)
-        out: dict[str, Any] = {
-            "loss": self.loss,
-            "adv_mean": self.adv_sum / ct,
-            "clip_frac": self.clip_sum / ct,
-            "kl": (self.kl_ref_sum if self.kl_to_reference else self.kl_behaviour_sum) / ct,
-            "kl_behaviour": self.kl_behaviour_sum / ct,
-            "ratio_mean": self.ratio_sum / ct,
-            "tokens": int(self.tokens),
-            "completion_tokens": int(self.completion_tokens),
-            "forwarded_tokens": int(self.forwarded),
-            "passes": int(self.passes),
-            "opd_samples": int(self.opd_samples),
-            "opd_gap_mean": self.opd_gap_sum / max(self.opd_tokens, 1.0),
-            "score_mean": self.score_mean,
-            "kinds": self.kinds,
-            "score_baseline": self.score_baseline,
-            "lr": self.lr,
-            "grad_norm": self.grad_norm,
-            "train_s": self.train_s,
-            "tokens_per_s": int(self.tokens) / max(self.train_s, 1e-9),
-            "skipped": self.skipped,
-            "samples": self.samples,
-        }
-        for key in ("gate", "save_s", "reload_s", "publish_s", "batch_to_serving_s", "save_error", "engine_error"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
-
-
-@dataclass
-class StepResult:
-    step_id: int | None
-    status: str  # published | gate_failed | error | superseded (a rollback came first) | user_removed
-    base_version: int
-    new_version: int | None
-    metrics: dict[str, Any] = field(default_factory=dict)  # StepMetrics.as_dict()
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -347,20 +207,6 @@ def packing(policy: Policy, cfg: TrainerConfig) -> bool:
     return cfg.pack_prefixes and policy.accelerator.num_processes == 1 and can_pack(policy.model)
 
 
-def pack_groups(sequences: list[list[int]], budget: int) -> list[list[int]]:
-    """Indices of ``sequences`` in passes, in order: a sequence joins the current pass while the
-    pass's trie stays within ``budget`` tokens (one longer than the budget gets a pass alone)."""
-    groups: list[list[int]] = []
-    trie = TokenTrie()
-    for i, seq in enumerate(sequences):
-        if not groups or trie.size + trie.new_tokens(seq) > budget:
-            groups.append([])
-            trie = TokenTrie()
-        groups[-1].append(i)
-        trie.add(seq)
-    return groups
-
-
 def _rl_score(s: Sample) -> int:
     """The score the RL term uses: 0 for a distillation-only sample."""
     return 0 if s.kind == "opd" else s.score
@@ -460,23 +306,30 @@ class Trainer:
         self.is_lora = self.tcfg.finetune == "lora"
         self._check_users()
         tokenizer = load_tokenizer(self.base_dir)
-        self.owner: str | None = None  # whose adapter the policy holds (None: the shared one)
-        self.current: Version = current_version(store, self.base_dir)
-        model, self.fresh = load_policy(self.tcfg, self.base_dir, self.current)
+        current = current_version(store, self.base_dir)
+        model, fresh = load_policy(self.tcfg, self.base_dir, current)
         model = model.to(accelerator.device)
         teacher = Teacher(self.tcfg, model, self.base_dir, accelerator.device)
         params = [p for n, p in model.named_parameters() if p.requires_grad and f".{TEACHER_ADAPTER}." not in n]
         optimizer = torch.optim.AdamW(params, lr=self.tcfg.learning_rate, weight_decay=self.tcfg.weight_decay)
         model, self.optimizer = accelerator.prepare(model, optimizer)
         self.policy = Policy(model, params, teacher, tokenizer, accelerator)
+        self.held = Holding(self.policy, self.optimizer, self.base_dir, fresh, current)
+        self.publisher = Publisher(cfg, store, engine, self.policy, self.base_dir, self.ckpt_root)
         self.canary: gate.CanaryReference | None = None
         self.skipped: Counter[str] = Counter()  # main process: skip reasons since the last published step
-        # Adam's moments of the owners the policy left, with the version they were built on: a
-        # step alternating owners keeps each one's moments (a fresh Adam would take sign-sized
-        # first steps every time), and they are only ever put back on that owner's same weights
-        self.moments: dict[str | None, tuple[int, dict[str, Any]]] = {}
         log.info("trainer ready: %s from v%d (%s), teacher=%s, method=%s",
                  self.tcfg.finetune, self.current.version, self.current.path, self.tcfg.teacher, self.tcfg.method)
+
+    @property
+    def owner(self) -> str | None:
+        """Whose adapter the policy holds (None: the shared one)."""
+        return self.held.owner
+
+    @property
+    def current(self) -> Version:
+        """The version the policy's weights are."""
+        return self.held.current
 
     def run(
         self, follow: bool = False, steps: int | None = None,
@@ -536,11 +389,11 @@ class Trainer:
             )
 
         batch = _from_main(self.policy.accelerator, read)
-        for gone in set(self.moments) - set(batch.owners):
-            del self.moments[gone]
+        self.held.keep_moments_of(batch.owners)
         if batch.owner != self.owner:
             log.info("training %s from v%d", _whose(batch.owner), batch.serving.version)
-            self._switch(batch.owner, batch.serving)
+            self.held.switch(batch.owner, batch.serving)
+            self.canary = None
         elif batch.serving.version != self.current.version:
             if self.current.version >= 0:  # -1: a removed user's weights were just dropped, nothing changed elsewhere
                 log.info("serving version changed to v%d outside this trainer; reloading it", batch.serving.version)
@@ -622,7 +475,7 @@ class Trainer:
             log.warning("publish gate refused step from v%d: %s", base, ", ".join(report.failed))
             step_id = None
             if acc.is_main_process:
-                step_id = self._record(batch.samples, m, "gate_failed", None)
+                step_id = self.publisher.record(self.held, batch.samples, m, "gate_failed", None)
                 self.store.log_event("gate_failed", {"step_id": step_id, "base_version": base,
                                                      "failed": report.failed, "gate": report.as_dict()})
             self._restore(self.current)
@@ -631,17 +484,19 @@ class Trainer:
         t0 = time.perf_counter()
         # collective under FSDP (gathers the full weights), so every process calls it
         state_dict = acc.get_state_dict(self.policy.model) if not self.is_lora else None
-        status, version, step_id, m = _from_main(
-            acc, lambda: self._publish(batch.samples, m, state_dict, t0, batch_ready))
+        owner = self.owner
+        status, version, step_id, m = _from_main(acc, lambda: self.publisher.publish(
+            self.held, batch.samples, m, state_dict, t0, batch_ready, lambda m: self._absorbed(owner, m)))
         if status == "superseded":  # collect() loads the version now serving before the next step
             return StepResult(step_id, status, base, None, m.as_dict())
         if status == "user_removed":
-            self._forget_owner()
+            self.held.forget_owner()
+            self.canary = None
             return StepResult(None, status, base, None, m.as_dict())
         if status != "published" or version is None:
             self._restore(self.current)
             return StepResult(step_id, status, base, None, m.as_dict())
-        self.current = Version(version, self.ckpt_root / f"v{version}", "lora" if self.is_lora else "full")
+        self.held.current = Version(version, self.ckpt_root / f"v{version}", "lora" if self.is_lora else "full")
         self.policy.teacher.after_step(self.policy.model)
         new_ref.version = version
         self.canary = new_ref
@@ -654,130 +509,10 @@ class Trainer:
             self.canary = gate.canary_reference(self.policy.no_sync_model(), self.policy.tokenizer, self.tcfg,
                                                 self.current.version, self.policy.accelerator)
 
-    def _publish(
-        self, samples: list[Sample], m: StepMetrics, state_dict: dict[str, Any] | None, t0: float,
-        batch_ready: float,
-    ) -> tuple[str, int | None, int | None, StepMetrics]:
-        """Main process: checkpoint v<N> -> engine reload -> rows. Returns (status, version, step_id,
-        the metrics with the publish's figures); the second of a step's two broadcasts shares it.
-
-        Under the publish lock: a rollback made while this step trained wins ("superseded"; the
-        samples stay untrained and are trained again from the version it put back)."""
-        with self.store.publish_lock():
-            if self.owner is not None and self.store.get_user(self.owner) is None:
-                log.warning("user %s was removed while this step trained; dropping it", self.owner)
-                return "user_removed", None, None, m  # nothing of theirs may be written or served
-            latest = current_version(self.store, self.base_dir, self.owner).version
-            if latest != self.current.version:
-                log.warning("v%d was published while this step trained from v%d; dropping the step",
-                            latest, self.current.version)
-                return "superseded", None, self._record([], m, "superseded", None), m
-            version = next_version(self.store)
-            out_dir = self.ckpt_root / f"v{version}"
-            try:
-                write_atomically(out_dir, lambda tmp: self._save(tmp, state_dict))
-            except OSError as e:  # disk full, read-only, permissions: the samples are not the problem
-                why = e.strerror or str(e)
-                log.error("could not write checkpoint v%d in %s (%s); keeping v%d. Free disk space there "
-                          "(trainer.keep_checkpoints keeps fewer); the samples stay untrained and are "
-                          "trained again.", version, self.ckpt_root, why, self.current.version)
-                m.save_error = why
-                step_id = self._record([], m, "error", None)
-                self.store.log_event("checkpoint_write_failed", {"version": version, "error": why, "step_id": step_id})
-                return "error", None, step_id, m
-            m.save_s = time.perf_counter() - t0
-            new = Version(version, out_dir, "lora" if self.is_lora else "full")
-            try:
-                if self.engine is not None:
-                    t_reload = time.perf_counter()
-                    publish(self.engine, new, self.current, self.base_dir, self.owner)
-                    m.reload_s = time.perf_counter() - t_reload  # /metrics: engine reload durations
-                else:
-                    validate_checkpoint(out_dir, new.kind, self.base_dir)
-            except EngineError as e:
-                log.error("engine did not take v%d: %s; keeping v%d", version, e.message, self.current.version)
-                m.engine_error = e.message
-                # refused (the checkpoint is the problem): the samples are used up; unreachable or
-                # busy (502/503/504): the samples stay untrained and are retried
-                step_id = self._record(samples if is_refusal(e) else [], m, "error", None)
-                self.store.log_event("reload_refused", {"version": version, "error": e.message, "step_id": step_id})
-                shutil.rmtree(out_dir, ignore_errors=True)
-                return "error", None, step_id, m
-            m.publish_s = time.perf_counter() - t0
-            m.batch_to_serving_s = time.time() - batch_ready
-            step_id = self._record(samples, m, "published", version, out_dir)
-            self._absorbed(self.owner, m)
-            deleted = prune(self.store, self.tcfg.keep_checkpoints, self.ckpt_root)
-            if deleted:
-                log.info("deleted old checkpoints %s", deleted)
-            return "published", version, step_id, m
-
-    def _save(self, tmp: Path, state_dict: dict[str, Any] | None) -> None:
-        model = unwrap(self.policy.model)
-        if self.is_lora:
-            model.save_pretrained(str(tmp), selected_adapters=["default"])
-            nested = tmp / "default"  # PEFT nests non-default selections; keep the dir flat
-            if nested.is_dir():
-                for f in nested.iterdir():
-                    f.rename(tmp / f.name)
-                nested.rmdir()
-        else:
-            # written in the engine's dtype: fp32 master weights would double the checkpoint size
-            if self.cfg.engine.dtype != "float32":
-                dtype = torch_dtype(self.cfg.engine.dtype)
-                state_dict = {k: v.to(dtype) for k, v in (state_dict or model.state_dict()).items()}
-            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
-        self.policy.tokenizer.save_pretrained(str(tmp))
-
-    def _record(self, samples: list[Sample], m: StepMetrics, status: str, version: int | None,
-                out_dir: Path | None = None) -> int:
-        """One transaction: the step, the samples it consumed, and (published) the checkpoint row."""
-        published = status == "published" and version is not None
-        return self.store.record_step(
-            method=self.tcfg.method, base_version=self.current.version, new_version=version, status=status,
-            metrics=_jsonable(m.as_dict()), kinds={s.turn_id: s.kind for s in samples},
-            checkpoint={"path": str(out_dir), "kind": "lora" if self.is_lora else "full",
-                        "gate": _jsonable(m.gate), "engine": self.engine is not None} if published else None,
-            owner=self.owner,
-        )
-
     def _restore(self, version: Version) -> None:
-        """Put ``version``'s weights back into the policy and forget the optimizer's moments."""
-        from accelerate.utils import DistributedType
-
-        sharded = self.policy.accelerator.distributed_type == DistributedType.FSDP
-        load_version_into(unwrap(self.policy.model), version, self.base_dir, sharded=sharded, fresh=self.fresh)
-        self.optimizer.zero_grad(set_to_none=True)
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
-        inner.state.clear()
-        self.current = version
-        self.canary = None  # recomputed from the restored weights before the next step
-
-    def _forget_owner(self) -> None:
-        """Drop a removed user's weights and Adam moments; collect() loads the next owner's adapter."""
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
-        inner.state.clear()
-        self.moments.pop(self.owner, None)
-        self.owner = None
-        self.current = Version(-1, self.base_dir, self.current.kind)  # serves nobody: collect() restores
+        """Put ``version``'s weights back; the canary is recomputed from them before the next step."""
+        self.held.restore(version)
         self.canary = None
-
-    def _switch(self, owner: str | None, version: Version) -> None:
-        """Turn the policy to ``owner``'s adapter at ``version`` (``current_version``: their own
-        newest, else the shared one's if they share, else fresh), keeping the leaving owner's
-        Adam moments and putting back the arriving owner's only if built on these very weights."""
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
-        if inner.state:
-            state = inner.state_dict()
-            state["state"] = {i: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
-                                  for k, v in st.items()} for i, st in state["state"].items()}
-            self.moments[self.owner] = (self.current.version, state)
-        self._restore(version)
-        saved = self.moments.pop(owner, None)
-        if saved is not None and saved[0] == version.version:
-            inner.load_state_dict(saved[1])  # moved back onto each parameter's device
-        self.owner = owner
-        self.policy.teacher.restart()
 
     def adapter_weights(self) -> dict[str, torch.Tensor]:
         """The policy's adapter weights now (PEFT's state dict, on the CPU)."""
@@ -799,13 +534,3 @@ def local_model_dir(spec: Path | str) -> Path:
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(str(spec), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # NaN / inf are not JSON
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value

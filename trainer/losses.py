@@ -309,3 +309,17 @@ def ppo_clipped_loss(
             ratio_mean=float((ratio * mask).sum() / n),
         )
     return loss, stats
+
+
+def pack_groups(sequences: list[list[int]], budget: int) -> list[list[int]]:
+    """Indices of ``sequences`` in passes, in order: a sequence joins the current pass while the
+    pass's trie stays within ``budget`` tokens (one longer than the budget gets a pass alone)."""
+    groups: list[list[int]] = []
+    trie = TokenTrie()
+    for i, seq in enumerate(sequences):
+        if not groups or trie.size + trie.new_tokens(seq) > budget:
+            groups.append([])
+            trie = TokenTrie()
+        groups[-1].append(i)
+        trie.add(seq)
+    return groups

@@ -29,6 +29,7 @@ import copy
 import logging
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -269,3 +270,24 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     from accelerate.utils import extract_model_from_parallel
 
     return extract_model_from_parallel(model)
+
+
+@dataclass
+class Policy:
+    """What a step trains: the accelerate-prepared model and its trainable parameters, the OPD
+    teacher (and KL reference), the tokenizer, and the accelerator that places them."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    teacher: Teacher
+    tokenizer: Any
+    accelerator: Any
+
+    def no_sync_model(self) -> torch.nn.Module:
+        """The model for gradient-free passes: under DDP the inner module, whose forward does no
+        collective (DDP's would broadcast buffers); FSDP needs its wrapper to gather shards."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            return self.model
+        return unwrap(self.model)

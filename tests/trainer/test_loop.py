@@ -19,7 +19,8 @@ from clawproxy.store import Store
 from tests.trainer.util import insert_turn
 from trainer.checkpoints import current_version, rollback
 from trainer.cli import collect_stats
-from trainer.loop import learning_rate, pack_groups, score_baselines, train_step
+from trainer.loop import learning_rate, score_baselines, train_step
+from trainer.losses import pack_groups
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -157,19 +158,19 @@ def test_divergence_gate_refuses_a_huge_step(rig, tiny_model_dir):
 def test_a_full_disk_keeps_the_samples_and_the_served_weights(rig, tiny_model_dir, monkeypatch):
     import errno
 
-    from trainer.loop import Trainer
+    from trainer.publishing import Publisher
 
     cfg, store = rig()
     turns = _add(store, tiny_model_dir, 2)
     tr = _trainer(cfg, store)
     before = tr.policy.model.state_dict()["model.embed_tokens.weight"].clone()
-    real_save = Trainer._save
+    real_save = Publisher.save
 
     def full_disk(self, tmp, state_dict):
         (tmp / "model.safetensors").write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Trainer, "_save", full_disk)
+    monkeypatch.setattr(Publisher, "save", full_disk)
     (result,) = tr.run(steps=1)
     assert result.status == "error" and result.metrics["save_error"] == "No space left on device"
     assert not (cfg.data_path / "checkpoints").exists() or not list((cfg.data_path / "checkpoints").iterdir())
@@ -177,7 +178,7 @@ def test_a_full_disk_keeps_the_samples_and_the_served_weights(rig, tiny_model_di
     assert store.query_one("SELECT kind FROM events WHERE kind='checkpoint_write_failed'")
     torch.testing.assert_close(tr.policy.model.state_dict()["model.embed_tokens.weight"], before)  # restored
 
-    monkeypatch.setattr(Trainer, "_save", real_save)  # space freed: the same samples train
+    monkeypatch.setattr(Publisher, "save", real_save)  # space freed: the same samples train
     (ok,) = tr.run(steps=1)
     assert ok.status == "published" and ok.new_version == 1
     assert sorted(r["turn_id"] for r in store.query("SELECT turn_id FROM trained_samples")) == turns

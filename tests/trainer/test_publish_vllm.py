@@ -67,14 +67,14 @@ def test_checkpoint_cut_short_never_reaches_vllm(rig, tiny_model_dir, vllm, monk
     cfg, store = rig()
     _add(store, tiny_model_dir, 2)
     tr = _trainer(cfg, store, engine)
-    save = type(tr)._save
+    save = type(tr.publisher).save
 
     def save_then_truncate(self, tmp, state_dict):
         save(self, tmp, state_dict)
         f = tmp / "model.safetensors"
         f.write_bytes(f.read_bytes()[:-16])
 
-    monkeypatch.setattr(type(tr), "_save", save_then_truncate)
+    monkeypatch.setattr(type(tr.publisher), "save", save_then_truncate)
     (r,) = tr.run(steps=1)
     assert r.status == "error" and "not fully covered" in r.metrics["engine_error"]
     assert _calls(app, "/collective_rpc") == [] and _calls(app, "/pause") == []

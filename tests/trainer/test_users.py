@@ -89,7 +89,7 @@ def test_each_step_trains_one_owner_on_their_turns_from_the_right_weights(tmp_pa
     for who in ("alice", "bob"):  # opted out: a fresh LoRA, nothing trained on anyone else's turns
         base, start, adam = by_owner[who]
         assert base == 0 and adam == 0
-        assert all(torch.equal(start[k], tr.fresh[k]) for k in tr.fresh)
+        assert all(torch.equal(start[k], tr.held.fresh[k]) for k in tr.held.fresh)
         assert any(not torch.equal(start[k], shared[k].to(start[k].dtype)) for k in shared)
 
     # rollback moves only the named owner's chain
@@ -152,7 +152,7 @@ def test_a_user_removed_while_their_step_trains_leaves_nothing_behind(tmp_path, 
     assert [r.status for r in results] == ["user_removed", "published"]
     assert [s[0] for s in starts] == ["alice", "bob"]
     owner, base, start, adam = starts[1]
-    assert base == 0 and adam == 0 and all(torch.equal(start[k], tr.fresh[k]) for k in tr.fresh)
+    assert base == 0 and adam == 0 and all(torch.equal(start[k], tr.held.fresh[k]) for k in tr.held.fresh)
 
     steps = store.query("SELECT id, user FROM train_steps")
     assert [s["user"] for s in steps] == ["bob"]
@@ -160,7 +160,7 @@ def test_a_user_removed_while_their_step_trains_leaves_nothing_behind(tmp_path, 
     ckpts = store.query("SELECT version, path, user FROM checkpoints")
     assert [c["user"] for c in ckpts] == ["bob"]
     assert sorted(p.name for p in tr.ckpt_root.iterdir()) == [Path(ckpts[0]["path"]).name]
-    assert "alice" not in tr.moments
+    assert "alice" not in tr.held.moments
 
 
 def test_users_remove_waits_for_a_publish_in_flight(tmp_path):
