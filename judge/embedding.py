@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 
 from clawproxy.errors import ConfigError
+from judge.context import CONTEXT_NAMES, context_features, reweigh
 from judge.extract import JudgeInput
 from judge.lexical import CUE_NAMES, content_words, cues
 
@@ -105,11 +106,13 @@ def reaction(text: str) -> str:
     return parts[0].strip() if len(parts) > 1 else text.strip()
 
 
-FEATURE_NAMES = CUE_NAMES + ["cos_request", "cos_response"] + OVERLAP_NAMES  # after the reply embedding
+FEATURE_NAMES = CUE_NAMES + ["cos_request", "cos_response"] + OVERLAP_NAMES + CONTEXT_NAMES  # after the embedding
+_FAILED, _DECLINES = (FEATURE_NAMES.index(n) - len(FEATURE_NAMES) for n in ("answer_failed", "declines"))
 
 
 def features(inputs: list[JudgeInput]) -> np.ndarray:
-    """Feature rows: [reply embedding, lexical cues, cos(reply, request), cos(reply, response), overlap]."""
+    """Feature rows: [reply embedding, lexical cues, cos(reply, request), cos(reply, response), overlap,
+    what the reply means given the answer (judge/context.py)]."""
     n = len(inputs)  # one encoder call for all three texts: one forward pass for a single turn
     inputs = [replace(i, next_state=reaction(i.next_state)) for i in inputs]
     emb = embed([i.next_state for i in inputs] + [i.request for i in inputs] + [i.response for i in inputs])
@@ -119,7 +122,9 @@ def features(inputs: list[JudgeInput]) -> np.ndarray:
     cue = np.stack([cues(i.next_state, i.request).vector() for i in inputs])
     sims = np.stack([(nxt * req).sum(1), (nxt * resp).sum(1)], axis=1)
     over = np.stack([overlap_features(i) for i in inputs])
-    return np.concatenate([nxt, cue, sims, over], axis=1).astype(np.float32)
+    ctx = np.stack([context_features(i.response, i.next_state, float(r), float(a))
+                    for i, (r, a) in zip(inputs, sims, strict=True)])
+    return np.concatenate([nxt, cue, sims, over, ctx], axis=1).astype(np.float32)
 
 
 @dataclass
@@ -140,11 +145,12 @@ class Head:
         return int(self.weights.shape[0])
 
     def probs(self, x: np.ndarray, model: int) -> np.ndarray:
+        """p(bad), p(neutral), p(good) of bagged model ``model``, after the context rule."""
         z = (x - self.mean) / self.std
         logits = z @ self.weights[model] + self.bias[model]
         logits -= logits.max(axis=-1, keepdims=True)
         e = np.exp(logits)
-        return e / e.sum(axis=-1, keepdims=True)
+        return reweigh(e / e.sum(axis=-1, keepdims=True), x[..., _FAILED], x[..., _DECLINES])
 
     def decide(self, p: np.ndarray) -> np.ndarray:
         """Class index per row: the likeliest class when it clears its threshold, else neutral (1)."""

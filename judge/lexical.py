@@ -21,12 +21,12 @@ import numpy as np
 CUE_PATTERNS: list[tuple[str, str]] = []
 
 
-def _rx(name: str, *patterns: str) -> re.Pattern[str]:
+def cue_rx(name: str, *patterns: str) -> re.Pattern[str]:
     CUE_PATTERNS.extend((name, p) for p in patterns)
     return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
 
 
-PRAISE = _rx(
+PRAISE = cue_rx(
     "praise",
     r"\bthanks?\b(?!\s+for\s+nothing)",
     r"\bthank\s*(?:you|u)\b",
@@ -44,7 +44,7 @@ PRAISE = _rx(
     r"\bta\b(?!\s*-)",
     r"\bkudos\b",
 )
-POSITIVE = _rx(
+POSITIVE = cue_rx(
     "positive",
     r"\bperfect\b",
     r"\bgreat\b",
@@ -96,7 +96,7 @@ POSITIVE = _rx(
     "😊",
     "✅",
 )
-CORRECTION = _rx(
+CORRECTION = cue_rx(
     "correction",
     r"^\s*no\b",
     r"\bnope\b",
@@ -128,7 +128,7 @@ CORRECTION = _rx(
     r"\bnothing changed\b",
     r"\bcan't be right\b",
 )
-REDO = _rx(
+REDO = cue_rx(
     "redo",
     r"\bshorter\b",
     r"\blonger\b",
@@ -158,7 +158,7 @@ REDO = _rx(
     r"\bunder \d+ words\b",
     r"\bmake it\b",
 )
-COMPLAINT = _rx(
+COMPLAINT = cue_rx(
     "complaint",
     r"\buseless\b",
     r"\bterrible\b",
@@ -192,8 +192,8 @@ COMPLAINT = _rx(
     "😡",
     "🤦",
 )
-CONTRAST = _rx("contrast", r"\bbut\b", r"\bhowever\b", r"\bthough\b", r"\bexcept\b")
-MOVE_ON = _rx(
+CONTRAST = cue_rx("contrast", r"\bbut\b", r"\bhowever\b", r"\bthough\b", r"\bexcept\b")
+MOVE_ON = cue_rx(
     "move_on",
     r"^\s*(?:and|now|ok(?:ay)?,? (?:and|now|next)|cool\.?|great\.?|good\.?)\b",
     r"\bnow (?:do|write|run|make|add|the)\b",
@@ -209,7 +209,7 @@ BARE_ACK = re.compile(
     re.IGNORECASE,
 )
 EMOJI_ONLY = re.compile(r"^[\W_]+$")
-TOOL_ERROR = _rx(
+TOOL_ERROR = cue_rx(
     "tool_error",
     r"^\s*error\b",
     r"\berror:",

@@ -1,7 +1,7 @@
 """Load the labeled cases as judge inputs.
 
 Splits:
-- ``train`` (cases_train.yaml): what voters are fitted on (judge/eval/fit.py).
+- ``train`` (cases_train.yaml, cases_train_tasks.yaml): what voters are fitted on (judge/eval/fit.py).
 - ``validation`` (cases_validation.yaml): what hyper-parameters and voter choices are tuned on.
 - ``heldout`` (cases_frozen.yaml): frozen, written in one go before the voters it measures; never
   fitted or tuned on, scored once per released voter (judge/eval/README.md).
@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 FILES = {"train": HERE / "cases_train.yaml", "validation": HERE / "cases_validation.yaml",
          "heldout": HERE / "cases_frozen.yaml", "registers": HERE / "cases_registers_validation.yaml",
          "heldout2": HERE / "cases_registers_frozen.yaml"}
+MORE = {"train": (HERE / "cases_train_tasks.yaml",)}  # further files of a split
 FROZEN = ("heldout", "heldout2")  # never fitted or tuned on
 LABEL_SCORE = {"bad": -1, "neutral": 0, "good": 1}
 SPLITS = ("heldout", "heldout2", "validation", "registers", "train", "all")
@@ -72,4 +73,4 @@ def load_cases(split: str = "heldout") -> list[Case]:
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: use one of {', '.join(SPLITS)}")
     names = list(FILES) if split == "all" else [split]
-    return [c for name in names for c in load_file(FILES[name], name)]
+    return [c for name in names for path in (FILES[name], *MORE.get(name, ())) for c in load_file(path, name)]

