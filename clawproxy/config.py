@@ -169,7 +169,7 @@ class EngineConfig:
         "auto", "Serving dtype. auto: the named model's (`clawproxy models list`), else float32 on "
         "CPU (the trainer's log-probs exactly) and bfloat16 on GPUs."
     )
-    quantization: Literal["auto", "none", "w4a16"] = setting(
+    quantization: Literal["auto", "none", "w4a16", "q4_k_m"] = setting(
         "auto",
         "vLLM: serve the weights in 4 bits, for fewer bytes read per decoded token. 'w4a16': int4 "
         "linear layers (round-to-nearest, symmetric, a scale per 128 inputs; the embedding and "
@@ -178,7 +178,8 @@ class EngineConfig:
         "weights and publishes LoRA adapters. 'none': serve the weights as they are. 'auto': "
         "w4a16 for a named model served in bfloat16 with a LoRA trainer on a CPU without native "
         "bfloat16 (AVX2 only: there it answers sooner, decodes faster and takes less memory), "
-        "else none.",
+        "else none. 'q4_k_m' (engine.kind: llamacpp): serve a catalog model's own Q4_K_M GGUF as "
+        "it was published; the trainer trains the same weights, dequantized.",
     )
     device: str = setting("cpu", "Where the engine runs: cpu, cuda, cuda:0 ...", pattern=r"^(cpu|cuda(:\d+)?)$")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
@@ -199,11 +200,12 @@ class EngineConfig:
     max_cpu_loras: int = setting(
         16, "vLLM: LoRA adapters kept in CPU memory (--max-cpu-loras); one evicted beyond it is read "
         "from disk again when next used.", ge=1)
-    kind: Literal["vllm", "embedded"] = setting(
+    kind: Literal["vllm", "embedded", "llamacpp"] = setting(
         "vllm",
         "The engine: 'vllm' (the real vLLM; `clawproxy start` runs it, or attach one with "
-        "proxy.upstream) or 'embedded' (the built-in transformers engine, for platforms with no "
-        "vLLM build: macOS, Windows).",
+        "proxy.upstream), 'llamacpp' (llama.cpp's llama-server behind clawproxy's engine server; "
+        "`make llamacpp` builds it) or 'embedded' (the built-in transformers engine, for platforms "
+        "with no vLLM build: macOS, Windows).",
     )
     kv_cache_gb: int = setting(
         4, "vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE).", ge=1
@@ -392,12 +394,13 @@ class Config:
             # emulated bfloat16 (no AVX512-BF16/AMX) is 3x slower to answer (bench/results/issue37-serving.md)
             emulated_bf16 = self.engine.device == "cpu" and self.engine.dtype == "bfloat16" and not cpu_has_bf16()
             self.engine.quantization = "w4a16" if (
-                named is not None and emulated_bf16 and self.engine.spec.serves_quantized
+                named is not None and emulated_bf16 and "w4a16" in self.engine.spec.quantizations
                 and self.trainer.finetune == "lora") else "none"
         if self.engine.quantization != "none":
-            if not self.engine.spec.serves_quantized:
-                raise ConfigError(f"engine.quantization={self.engine.quantization} needs engine.kind: vllm "
-                                  "(the embedded engine serves unquantized weights); set engine.quantization: none.")
+            if self.engine.quantization not in self.engine.spec.quantizations:
+                serves = ", ".join(self.engine.spec.quantizations) or "unquantized weights only"
+                raise ConfigError(f"engine.quantization={self.engine.quantization} is not served by engine.kind "
+                                  f"{self.engine.kind} ({serves}); set engine.quantization: none.")
             if self.trainer.finetune != "lora":
                 raise ConfigError(f"engine.quantization={self.engine.quantization} serves 4-bit layers that "
                                   "a full checkpoint cannot be reloaded into; set trainer.finetune: lora (the "

@@ -1,7 +1,8 @@
 """``python -m clawproxy.engine``: run the engine that ``clawproxy start`` spawns.
 
 With ``engine.kind: vllm`` (the default) this resolves the model and becomes vLLM's OpenAI server
-(``clawproxy/engine/vllm.py``); with ``embedded`` it serves the built-in transformers engine.
+(``clawproxy/engine/vllm.py``); with ``embedded`` it serves the built-in transformers engine, and
+with ``llamacpp`` the same server over llama.cpp's llama-server (``clawproxy/engine/llamacpp.py``).
 
     python -m clawproxy.engine --config <data_dir>/run-config.yaml       # as `clawproxy start` does
     python -m clawproxy.engine --model default --port 8081                # alone
@@ -18,10 +19,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from clawproxy.config import Config, EngineConfig, load_config
-from clawproxy.errors import ClawproxyError, ConfigError
+from clawproxy.errors import ClawproxyError
+
+if TYPE_CHECKING:
+    from clawproxy.engine.core import Serving
 
 # a list is no single flag: vllm_args comes from the config file
 FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "vllm_args"]
@@ -49,17 +53,24 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(args.config, {"data_dir": args.data_dir, **overrides})
 
 
-def serving_length(asked: int | None, limit: int | None, rope: dict[str, Any] | None) -> int:
-    """The max_model_len to serve: the model's limit unless asked for less; never more (vLLM)."""
-    if limit is None:
-        if asked is None:
-            raise ConfigError("the model config does not say its context length; pass --max-model-len")
-        return asked
-    if asked is not None and asked > limit:
-        how = f"max_position_embeddings x rope factor {rope['factor']}" if rope else "max_position_embeddings"
-        raise ConfigError(f"max_model_len={asked} is more than this model supports ({limit}, its {how}); "
-                          "lower engine.max_model_len, or set engine.rope_scaling to serve longer contexts")
-    return limit if asked is None else asked
+def _embedded_engine(e: EngineConfig, data: str) -> tuple[Serving, Path | str, int]:
+    from clawproxy.engine.core import Engine
+    from clawproxy.engine.model import (
+        context_limit,
+        load_model_and_tokenizer,
+        resolve_model,
+        serving_length,
+    )
+
+    root = resolve_model(e.model, data)
+    model, tokenizer = load_model_and_tokenizer(str(root), data, e.dtype, e.device, rope_scaling=e.rope_scaling)
+    max_len = serving_length(e.max_model_len, context_limit(model.config), e.rope_scaling)
+    engine = Engine(model, tokenizer, max_batch_size=e.max_batch_size, max_model_len=max_len,
+                    logprobs_mode=e.logprobs_mode, threads=e.threads,
+                    base_path=root if Path(str(root)).is_dir() else None,
+                    prefix_cache_mb=e.prefix_cache_mb,
+                    prefill_chunk_tokens=e.prefill_chunk_tokens)
+    return engine, root, max_len
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,24 +87,17 @@ def main(argv: list[str] | None = None) -> int:
             exec_server(e, cfg.trainer, data)  # never returns
         from aiohttp import web
 
-        from clawproxy.engine.core import Engine
-        from clawproxy.engine.model import (
-            context_limit,
-            load_model_and_tokenizer,
-            resolve_model,
-            sampling_defaults,
-        )
+        from clawproxy.engine.model import sampling_defaults
         from clawproxy.engine.server import ServerSettings, create_app
 
-        root = resolve_model(e.model, data)
-        model, tokenizer = load_model_and_tokenizer(str(root), data, e.dtype, e.device,
-                                                    rope_scaling=e.rope_scaling)
-        max_len = serving_length(e.max_model_len, context_limit(model.config), e.rope_scaling)
-        engine = Engine(model, tokenizer, max_batch_size=e.max_batch_size, max_model_len=max_len,
-                        logprobs_mode=e.logprobs_mode, threads=e.threads,
-                        base_path=root if Path(str(root)).is_dir() else None,
-                        prefix_cache_mb=e.prefix_cache_mb,
-                        prefill_chunk_tokens=e.prefill_chunk_tokens)
+        engine: Serving
+        root: Path | str
+        if e.kind == "llamacpp":
+            from clawproxy.engine.llamacpp import build_engine
+
+            engine, root, max_len = build_engine(e, data)
+        else:
+            engine, root, max_len = _embedded_engine(e, data)
         name = e.served_name
         settings = ServerSettings(
             served_model_name=name,

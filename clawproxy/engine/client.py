@@ -65,7 +65,8 @@ class EngineClient:
     Args:
         base_url: The engine's root URL, e.g. ``http://127.0.0.1:8081`` (a trailing ``/v1`` is
             tolerated and stripped: control routes live at the root on both engines).
-        kind: ``"embedded"`` for our engine, ``"vllm"`` for a ``vllm serve`` in dev mode.
+        kind: ``engine.kind``: ``"vllm"`` for a ``vllm serve`` in dev mode, ``"embedded"`` or
+            ``"llamacpp"`` for clawproxy's engine server.
         token: Bearer token sent with every request (the embedded engine's ``--control-token``,
             or vLLM's ``--api-key``).
         timeout: Seconds to wait for ordinary control verbs.
@@ -77,7 +78,7 @@ class EngineClient:
     def __init__(
         self,
         base_url: str,
-        kind: Literal["embedded", "vllm"] = "embedded",
+        kind: str = "embedded",
         token: str | None = None,
         timeout: float = 30.0,
         *,
@@ -85,8 +86,7 @@ class EngineClient:
         initial_version: int = 0,
         lora_name: str = "clawproxy",
     ) -> None:
-        if kind not in ("embedded", "vllm"):
-            raise ValueError(f"kind={kind!r}: use 'embedded' or 'vllm'")
+        engine_spec(kind)  # ValueError names the kinds
         self.base_url = strip_v1(base_url)
         self.kind = kind
         self.token = token
@@ -223,7 +223,7 @@ class EngineClient:
         """The weight version now serving. vLLM: ``GET /weight_info`` where the server has it (a
         server started fresh reports ``"default"``, the base model: 0), else the version this
         client loaded last."""
-        if self.kind == "embedded":
+        if not self.spec.vllm_routes:
             body = self._request("GET", "/weight_info")
             return int(body["weight_version"])
         body = self._weight_route("GET", "/weight_info")
@@ -269,10 +269,10 @@ class EngineClient:
                     "lora_path": path,
                     "load_inplace": True,
                 }
-                if self.kind == "embedded":
+                if not self.spec.vllm_routes:
                     body["weight_version"] = version
                 self._request("POST", "/v1/load_lora_adapter", body, timeout=self.reload_timeout)
-            elif self.kind == "vllm":
+            elif self.spec.vllm_routes:
                 self._request(
                     "POST",
                     "/collective_rpc",
@@ -290,12 +290,12 @@ class EngineClient:
                 raise EngineError(f"POST /reset_prefix_cache at {self.base_url}: the prefix cache "
                                   "could not be reset; cached blocks of the old weights may be reused",
                                   status=500)
-            if self.kind == "vllm":
+            if self.spec.vllm_routes:
                 self._version = version
                 self._set_vllm_version(version)
         finally:
             self.resume()
-        if self.kind == "vllm":
+        if self.spec.vllm_routes:
             return version
         return self.weight_version()
 

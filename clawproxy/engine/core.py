@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -116,6 +116,29 @@ class GenRequest:
     cache: Any = None  # own KV cache while prefilling (None before the first chunk)
     prefilled: int = 0  # prompt tokens in ``cache``
     cached_tokens: int = 0  # of those, taken from the prefix cache
+
+
+class Serving(Protocol):
+    """What the engine server (``engine/server.py``) drives: ``Engine`` here, ``LlamaCppEngine``
+    over llama-server (``engine/llamacpp.py``)."""
+
+    tokenizer: Any
+    tokenizer_lock: threading.Lock
+
+    @property
+    def weight_version(self) -> int: ...
+    @property
+    def is_paused(self) -> bool: ...
+    def load(self) -> dict[str, int | float]: ...
+    def start(self) -> None: ...
+    def stop(self, timeout: float = 10.0) -> None: ...
+    def submit(self, req: GenRequest) -> None: ...
+    def cancel(self, req: GenRequest) -> None: ...
+    def pause(self, mode: str = "keep", timeout: float | None = None) -> None: ...
+    def resume(self) -> None: ...
+    def reload_full(self, path: str | Path, version: int | None = None) -> int: ...
+    def load_lora(self, path: str | Path, version: int | None = None) -> int: ...
+    def reset_prefix_cache(self) -> None: ...
 
 
 class Engine:
@@ -554,49 +577,8 @@ class Engine:
 
     def _advance(self, req: GenRequest, tok: int, lp: float, top: list[tuple[int, float]]) -> None:
         """Record the token, detokenize, apply stop rules, emit the step's event."""
-        req.completion_ids.append(tok)
-        finish: str | None = None
-        stop_reason: str | int | None = None
-        visible = req.completion_ids
-        if tok in self.eos_ids and not req.params.ignore_eos:
-            finish, stop_reason, visible = "stop", tok, req.completion_ids[:-1]
-        text = self._detok.decode(visible, skip_special_tokens=True)
-        cut = len(text)
-        if req.params.stop:
-            start = max(0, req.sent_chars - max(len(s) for s in req.params.stop))
-            hits = [(text.find(s, start), s) for s in req.params.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                cut, stop_str = min(hits)
-                finish, stop_reason = "stop", stop_str
-        if finish is None:
-            if len(req.completion_ids) >= req.params.max_tokens or (
-                len(req.prompt_ids) + len(req.completion_ids) >= self.max_model_len
-            ):
-                finish = "length"
-        if finish is None:
-            # Hold back an incomplete UTF-8 sequence and anything that may start a stop string.
-            if text.endswith("\ufffd"):
-                cut = len(text.rstrip("\ufffd"))
-            hold = max((_partial_len(text[:cut], s) for s in req.params.stop), default=0)
-            cut -= hold
-        cut = max(cut, req.sent_chars)
-        delta = text[req.sent_chars : cut]
-        req.sent_chars = cut
-        if finish is not None:
-            req.finished = True
-        req.emit(
-            StepEvent(
-                token_ids=[tok],
-                logprobs=[lp],
-                top_logprobs=[top] if top else [],
-                text=delta,
-                weight_version=self._version,
-                finish_reason=finish,
-                stop_reason=stop_reason,
-                cached_tokens=req.cached_tokens,
-            )
-        )
+        req.emit(advance(req, tok, lp, top, detok=self._detok, eos_ids=self.eos_ids,
+                         max_model_len=self.max_model_len, version=self._version))
 
     def _abort_all(self) -> None:
         for req in self._active + self._prefilling + list(self._pending):
@@ -616,6 +598,46 @@ class Engine:
                 req.emit(ev)
         self._active, self._cache, self._mask = [], None, None
         self._prefilling = []
+
+
+def advance(req: GenRequest, tok: int, lp: float, top: list[tuple[int, float]], *, detok: Any,
+            eos_ids: set[int], max_model_len: int, version: int) -> StepEvent:
+    """One sampled token's event: record it, detokenize, apply EOS, stop strings and length (the
+    rules of every engine behind ``clawproxy/engine/server.py``)."""
+    req.completion_ids.append(tok)
+    finish: str | None = None
+    stop_reason: str | int | None = None
+    visible = req.completion_ids
+    if tok in eos_ids and not req.params.ignore_eos:
+        finish, stop_reason, visible = "stop", tok, req.completion_ids[:-1]
+    text = detok.decode(visible, skip_special_tokens=True)
+    cut = len(text)
+    if req.params.stop:
+        start = max(0, req.sent_chars - max(len(s) for s in req.params.stop))
+        hits = [(text.find(s, start), s) for s in req.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            cut, stop_str = min(hits)
+            finish, stop_reason = "stop", stop_str
+    if finish is None:
+        if len(req.completion_ids) >= req.params.max_tokens or (
+            len(req.prompt_ids) + len(req.completion_ids) >= max_model_len
+        ):
+            finish = "length"
+    if finish is None:
+        # Hold back an incomplete UTF-8 sequence and anything that may start a stop string.
+        if text.endswith("\ufffd"):
+            cut = len(text.rstrip("\ufffd"))
+        hold = max((_partial_len(text[:cut], s) for s in req.params.stop), default=0)
+        cut -= hold
+    cut = max(cut, req.sent_chars)
+    delta = text[req.sent_chars : cut]
+    req.sent_chars = cut
+    if finish is not None:
+        req.finished = True
+    return StepEvent(token_ids=[tok], logprobs=[lp], top_logprobs=[top] if top else [], text=delta,
+                     weight_version=version, finish_reason=finish, stop_reason=stop_reason,
+                     cached_tokens=req.cached_tokens)
 
 
 @dataclass

@@ -167,3 +167,16 @@ def load_model_and_tokenizer(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def serving_length(asked: int | None, limit: int | None, rope: dict[str, Any] | None) -> int:
+    """The max_model_len to serve: the model's limit unless asked for less; never more (vLLM)."""
+    if limit is None:
+        if asked is None:
+            raise ConfigError("the model config does not say its context length; pass --max-model-len")
+        return asked
+    if asked is not None and asked > limit:
+        how = f"max_position_embeddings x rope factor {rope['factor']}" if rope else "max_position_embeddings"
+        raise ConfigError(f"max_model_len={asked} is more than this model supports ({limit}, its {how}); "
+                          "lower engine.max_model_len, or set engine.rope_scaling to serve longer contexts")
+    return limit if asked is None else asked

@@ -49,7 +49,7 @@ from aiohttp import web
 
 from clawproxy.chat_template import render_chat
 from clawproxy.edge import control_route, error_response
-from clawproxy.engine.core import Engine, GenRequest, SamplingParams, StepEvent
+from clawproxy.engine.core import GenRequest, SamplingParams, Serving, StepEvent
 from clawproxy.engine.spec import engine_spec
 from clawproxy.engine.toolcalls import tool_names
 from clawproxy.engine.tools import ToolCallStreamParser
@@ -72,7 +72,7 @@ class ServerSettings:
     sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
-ENGINE = web.AppKey("engine", Engine)
+ENGINE = web.AppKey("engine", Serving)
 SETTINGS = web.AppKey("settings", ServerSettings)
 
 
@@ -80,7 +80,7 @@ def _error(err: ClawproxyError) -> web.Response:
     return error_response(err, vllm=True)
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> web.Application:
+def create_app(engine: Serving, settings: ServerSettings) -> web.Application:
     """Build the aiohttp app; the engine's worker thread starts and stops with it."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[ENGINE] = engine
@@ -190,7 +190,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             engine.cancel(req)
 
 
-def _prepare(engine: Engine, settings: ServerSettings, body: Any) -> ChatJob:
+def _prepare(engine: Serving, settings: ServerSettings, body: Any) -> ChatJob:
     """Validate the request (OpenAI + vLLM extras) and render the prompt with the chat template."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
@@ -305,7 +305,7 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
 class _TokenText:
     """Token id -> its text, cached (logprob entries name each token)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Serving) -> None:
         self.engine = engine
         self.cache: dict[int, str] = {}
 
@@ -360,7 +360,7 @@ def _finish_reason(reason: str | None, parser: ToolCallStreamParser) -> str | No
 
 async def _stream(
     request: web.Request,
-    engine: Engine,
+    engine: Serving,
     job: ChatJob,
     queue: asyncio.Queue[StepEvent],
     meta: dict[str, Any],
@@ -435,7 +435,7 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 
 async def _complete(
-    engine: Engine, job: ChatJob, queue: asyncio.Queue[StepEvent], meta: dict[str, Any]
+    engine: Serving, job: ChatJob, queue: asyncio.Queue[StepEvent], meta: dict[str, Any]
 ) -> web.Response:
     events = [ev async for ev in _events(queue)]
     if events[-1].error:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-EngineKind = Literal["vllm", "embedded"]
+EngineKind = Literal["vllm", "embedded", "llamacpp"]
 
 
 @dataclass(frozen=True)
@@ -26,20 +26,26 @@ class EngineSpec:
     # GET /weight_info always says which version serves; False: a server may not (vLLM 0.32), so the
     # client holds the version and starts from the store's published one
     reports_weight_version: bool
-    # serves 4-bit weights (engine.quantization)
-    serves_quantized: bool
+    # the engine.quantization values it serves besides "none"
+    quantizations: tuple[str, ...]
     # its control plane (version, dev-mode routes, runtime LoRA) is checked before the trainer uses it
     checks_control_plane: bool
     # a chat template that ignores tools still gets them, as Hermes text (clawproxy/chat_template.py);
     # False: the template gets messages and tools as they are (vLLM)
     tools_as_text: bool
+    # its control routes are vLLM's (dev mode); False: clawproxy's engine server's (engine/server.py)
+    vllm_routes: bool
 
 
 SPECS: dict[str, EngineSpec] = {
-    "vllm": EngineSpec("vllm", adapters_by_name=True, reports_weight_version=False, serves_quantized=True,
-                       checks_control_plane=True, tools_as_text=False),
-    "embedded": EngineSpec("embedded", adapters_by_name=False, reports_weight_version=True,
-                           serves_quantized=False, checks_control_plane=False, tools_as_text=True),
+    "vllm": EngineSpec("vllm", adapters_by_name=True, reports_weight_version=False, quantizations=("w4a16",),
+                       checks_control_plane=True, tools_as_text=False, vllm_routes=True),
+    "embedded": EngineSpec("embedded", adapters_by_name=False, reports_weight_version=True, quantizations=(),
+                           checks_control_plane=False, tools_as_text=True, vllm_routes=False),
+    # clawproxy's engine server over llama.cpp's llama-server (clawproxy/engine/llamacpp.py)
+    "llamacpp": EngineSpec("llamacpp", adapters_by_name=False, reports_weight_version=True,
+                           quantizations=("q4_k_m",), checks_control_plane=False, tools_as_text=True,
+                           vllm_routes=False),
 }
 KINDS: tuple[str, ...] = tuple(SPECS)
 

@@ -149,8 +149,11 @@ def test_the_config_refuses_quantization_where_it_cannot_serve(monkeypatch):
     assert load_config(None, {}).engine.quantization == "none"
     with pytest.raises(ConfigError, match="trainer.finetune: lora"):
         load_config(None, {"engine.quantization": "w4a16", "trainer.finetune": "full"})
-    with pytest.raises(ConfigError, match="engine.kind: vllm"):
+    with pytest.raises(ConfigError, match="not served by engine.kind embedded"):
         load_config(None, {"engine.quantization": "w4a16", "engine.kind": "embedded"})
+    with pytest.raises(ConfigError, match=r"not served by engine.kind vllm \(w4a16\)"):
+        load_config(None, {"engine.quantization": "q4_k_m", "engine.kind": "vllm"})
+    assert load_config(None, {"engine.quantization": "q4_k_m", "engine.kind": "llamacpp"}).engine.quantization == "q4_k_m"
     with pytest.raises(ConfigError, match="engine.quantization"):
         load_config(None, {"engine.quantization": "int3"})
 

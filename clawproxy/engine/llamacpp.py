@@ -1,0 +1,453 @@
+"""``engine.kind: llamacpp``: clawproxy's engine server over llama.cpp's ``llama-server``.
+
+On a laptop CPU llama.cpp decodes several times faster than vLLM's CPU build (bench/results/i51).
+The trainer needs what was served exactly: the prompt's ids, every sampled id and its log-prob.
+llama-server's chat route renders its own template and returns no prompt ids, so clawproxy's
+engine server (``engine/server.py``) stays the front, as for the embedded engine: it renders the
+chat template with the model's tokenizer, reads tool calls with the one reader and applies EOS,
+stop strings and length (``core.advance``). llama-server gets token ids on its native
+``/completion`` route and streams back each sampled id with its log-prob (``n_probs``: before
+sampling, from the raw logits, as vLLM's ``raw_logprobs``; ``processed_logprobs`` asks for them
+after the sampler chain).
+
+Weights. llama-server reads adapter files only at start, so each published version is served by
+a new llama-server: the PEFT adapter (or full checkpoint) is converted to GGUF by llama.cpp's own
+script, a second server starts beside the serving one, and new requests go to it once it answers
+``/health``. Requests already running finish on the old server, which then stops: no request
+fails across a publish. One adapter is served at a time (``EngineSpec.adapters_by_name`` False).
+
+Pause: llama-server cannot freeze a running request. ``keep`` and ``wait`` hold new requests and
+let running ones finish on the weights they started with (``wait`` returns once they have);
+``abort`` ends them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import http.client
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from clawproxy.engine.core import GenRequest, StepEvent, advance
+from clawproxy.engine.llamacpp_build import LlamaCpp
+from clawproxy.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+READY_TIMEOUT_S = 300.0
+
+
+def _die_with_parent() -> None:
+    """Runs in the llama-server child before exec: SIGTERM when the engine process dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def convert_model(llama: LlamaCpp, model_dir: Path, out: Path, outtype: str) -> Path:
+    """A Hugging Face checkpoint directory as one GGUF file (``convert_hf_to_gguf.py``), once."""
+    if out.exists():
+        return out
+    tmp = _mkdir(out.parent) / (out.name + ".part")
+    _run_script(llama, [str(llama.convert_model), str(model_dir), "--outtype", outtype, "--outfile", str(tmp)])
+    tmp.rename(out)
+    return out
+
+
+def convert_adapter(llama: LlamaCpp, adapter_dir: Path, base_dir: Path, out: Path) -> Path:
+    """A PEFT LoRA adapter as a GGUF adapter (``convert_lora_to_gguf.py``, float32: the trainer's)."""
+    tmp = _mkdir(out.parent) / (out.name + ".part")
+    _run_script(llama, [str(llama.convert_lora), str(adapter_dir), "--base", str(base_dir),
+                        "--outtype", "f32", "--outfile", str(tmp)])
+    tmp.rename(out)
+    return out
+
+
+def _run_script(llama: LlamaCpp, args: list[str]) -> None:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=llama.script_env())
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise EngineError(f"{Path(args[0]).name} failed:\n{tail}", status=500)
+    log.info("%s %s: %.1fs", Path(args[0]).name, Path(args[1]).name, time.perf_counter() - t0)
+
+
+class Instance:
+    """One llama-server child: one model file and at most one adapter, at one weight version."""
+
+    def __init__(self, argv: list[str], port: int, version: int, log_path: Path) -> None:
+        self.port, self.version = port, version
+        self.inflight = 0
+        self.retired = False
+        self.log_path = log_path
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
+
+    def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until ``/health`` answers 200 (503 while the model loads); EngineError if it exits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(f"llama-server exited with {self.proc.returncode} while starting:\n"
+                                  f"{self.log_tail()}", status=500)
+            conn = self.connection(timeout=2)
+            try:
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.05)
+        self.stop()
+        raise EngineError(f"llama-server did not answer /health within {timeout:g} s:\n{self.log_tail()}", status=504)
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class LlamaCppEngine:
+    """``core.Engine``'s interface (what ``engine/server.py`` drives) over llama-server children."""
+
+    def __init__(self, llama: LlamaCpp, model_gguf: Path, model_dir: Path, tokenizer: Any, eos_ids: set[int], *,
+                 work_dir: Path, max_batch_size: int = 8, max_model_len: int = 8192, threads: int | None = None,
+                 logprobs_mode: str = "raw_logprobs", weight_version: int = 0) -> None:
+        import copy
+
+        self.llama, self.model_gguf, self.model_dir = llama, model_gguf, model_dir
+        self.tokenizer = tokenizer
+        self.tokenizer_lock = threading.Lock()
+        self._detok = copy.deepcopy(tokenizer)  # the request threads decode under _detok_lock
+        self._detok_lock = threading.Lock()
+        self.eos_ids = eos_ids
+        self.work_dir = work_dir
+        self.max_batch_size, self.max_model_len = max_batch_size, max_model_len
+        self.threads = threads or max(1, len(os.sched_getaffinity(0)))
+        self.post_sampling = logprobs_mode == "processed_logprobs"
+        self._version = weight_version
+        self._cond = threading.Condition()
+        self._pause_mode: str | None = None
+        self._current: Instance | None = None
+        self._instances: list[Instance] = []
+        self._running: dict[str, tuple[GenRequest, Instance, http.client.HTTPConnection | None]] = {}
+        self._waiting = 0
+        self._publish_lock = threading.Lock()  # one new server at a time
+        self.prefix_tokens_reused = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def argv(self, port: int, adapter: Path | None) -> list[str]:
+        argv = [str(self.llama.server), "-m", str(self.model_gguf), "--host", "127.0.0.1", "--port", str(port),
+                "-c", str(self.max_model_len), "-np", str(self.max_batch_size), "--kv-unified",
+                "-t", str(self.threads), "-tb", str(self.threads), "--no-webui"]
+        return argv + (["--lora", str(adapter)] if adapter is not None else [])
+
+    def _spawn(self, adapter: Path | None, version: int) -> Instance:
+        port = free_port()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        inst = Instance(self.argv(port, adapter), port, version, self.work_dir / "llama-server.log")
+        with self._cond:
+            self._instances.append(inst)
+        try:
+            inst.wait_ready()
+        except EngineError:
+            with self._cond:
+                self._instances.remove(inst)
+            inst.stop()
+            raise
+        return inst
+
+    def start(self) -> None:
+        self._switch(self._spawn(None, self._version))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            instances, self._instances, self._current = list(self._instances), [], None
+            for req, _, conn in list(self._running.values()):
+                self._abort(req, conn)  # the handler ends its answer with finish_reason "abort"
+            self._cond.notify_all()
+        for inst in instances:
+            inst.stop()
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def is_paused(self) -> bool:
+        return self._pause_mode is not None
+
+    def load(self) -> dict[str, int | float]:
+        return {"running": len(self._running), "waiting": self._waiting, "servers": len(self._instances),
+                "prefix_tokens_reused": self.prefix_tokens_reused}
+
+    # -- weights ------------------------------------------------------------------------------
+
+    def _switch(self, inst: Instance) -> None:
+        """New requests go to ``inst``; the old server stops once its running requests are done."""
+        with self._cond:
+            old, self._current = self._current, inst
+            self._version = inst.version
+            if old is not None:
+                old.retired = True
+            self._cond.notify_all()
+        if old is not None:
+            self._retire(old)
+
+    def _retire(self, inst: Instance) -> None:
+        with self._cond:
+            if not inst.retired or inst.inflight > 0 or inst not in self._instances:
+                return
+            self._instances.remove(inst)
+        inst.stop()
+
+    def load_lora(self, path: str | Path, version: int | None = None) -> int:
+        """Serve the PEFT adapter at ``path`` from a new llama-server; switch to it once ready."""
+        with self._publish_lock:
+            new = self._version + 1 if version is None else int(version)
+            t0 = time.perf_counter()
+            gguf = convert_adapter(self.llama, Path(path), self.model_dir,
+                                   self.work_dir / "adapters" / f"v{new}.gguf")
+            self._switch(self._spawn(gguf, new))
+            log.info("serving LoRA %s as weight version %d after %.2fs", path, new, time.perf_counter() - t0)
+            return new
+
+    def reload_full(self, path: str | Path, version: int | None = None) -> int:
+        """Serve the full checkpoint at ``path`` (converted to GGUF) from a new llama-server."""
+        with self._publish_lock:
+            new = self._version + 1 if version is None else int(version)
+            outtype = GGUF_TYPES.get(_checkpoint_dtype(Path(path)), "f32")
+            gguf = convert_model(self.llama, Path(path), self.work_dir / "full" / f"v{new}.gguf", outtype)
+            old_gguf, self.model_gguf = self.model_gguf, gguf
+            try:
+                self._switch(self._spawn(None, new))
+            except EngineError:
+                self.model_gguf = old_gguf
+                raise
+            return new
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to drop: a new version is a new server, whose cache starts empty."""
+
+    # -- pause --------------------------------------------------------------------------------
+
+    def pause(self, mode: str = "keep", timeout: float | None = None) -> None:
+        if mode not in ("keep", "wait", "abort"):
+            raise EngineError(f"pause mode {mode!r}: use keep, wait or abort", status=400)
+        with self._cond:
+            self._pause_mode = mode
+            if mode == "abort":
+                for req, _, conn in list(self._running.values()):
+                    self._abort(req, conn)
+            self._cond.notify_all()
+            if mode == "wait" and not self._cond.wait_for(lambda: not self._running or self._pause_mode is None,
+                                                          timeout):
+                raise EngineError("the engine did not pause in time", status=504)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._pause_mode = None
+            self._cond.notify_all()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, req: GenRequest) -> None:
+        threading.Thread(target=self._serve, args=(req,), name=f"llamacpp-{req.id[:8]}", daemon=True).start()
+
+    def cancel(self, req: GenRequest) -> None:
+        req.cancelled = True
+        with self._cond:
+            entry = self._running.get(req.id)
+            if entry is not None and entry[2] is not None:
+                entry[2].close()  # llama-server ends a request whose client went away
+            self._cond.notify_all()
+
+    def _abort(self, req: GenRequest, conn: http.client.HTTPConnection | None) -> None:
+        if not req.finished:
+            req.finished = True
+            req.emit(StepEvent([], [], [], "", self._version, finish_reason="abort"))
+        if conn is not None:
+            conn.close()
+
+    def _serve(self, req: GenRequest) -> None:
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: req.cancelled or (self._pause_mode is None and self._current is not None))
+            self._waiting -= 1
+            if req.cancelled:
+                return
+            inst = self._current
+            assert inst is not None
+            inst.inflight += 1
+            self._running[req.id] = (req, inst, None)
+        try:
+            self._generate(req, inst)
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            if not req.finished and not req.cancelled:
+                req.finished = True
+                ev = StepEvent([], [], [], "", inst.version, finish_reason="abort")
+                ev.error = f"llama-server: {err}"
+                req.emit(ev)
+        finally:
+            with self._cond:
+                self._running.pop(req.id, None)
+                inst.inflight -= 1
+                self._cond.notify_all()
+            self._retire(inst)
+
+    def body(self, req: GenRequest) -> dict[str, Any]:
+        """The ``/completion`` request: the prompt's ids, clawproxy's sampling, llama.cpp's extra
+        samplers off, and the log-prob of each sampled token (``n_probs`` >= 1)."""
+        p = req.params
+        room = self.max_model_len - len(req.prompt_ids)
+        return {
+            "prompt": req.prompt_ids, "n_predict": max(1, min(p.max_tokens, room)), "stream": True,
+            "return_tokens": True, "cache_prompt": True,
+            "n_probs": max(1, p.top_logprobs), "post_sampling_probs": self.post_sampling,
+            "temperature": p.temperature, "top_p": p.top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
+            "xtc_probability": 0.0, "dry_multiplier": 0.0, "top_n_sigma": -1.0,
+            "repeat_penalty": p.repetition_penalty, "repeat_last_n": self.max_model_len,
+            "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
+            "seed": p.seed if p.seed is not None else -1, "ignore_eos": p.ignore_eos,
+        }
+
+    def _generate(self, req: GenRequest, inst: Instance) -> None:
+        conn = inst.connection()
+        with self._cond:
+            if req.id in self._running:
+                self._running[req.id] = (req, inst, conn)
+        try:
+            conn.request("POST", "/completion", json.dumps(self.body(req)), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}")
+            for event in _sse(resp):
+                if req.cancelled or req.finished:
+                    return
+                if "error" in event:
+                    raise ValueError(str(event["error"]))
+                self._events(req, inst, event)
+                if event.get("stop") and not req.finished:
+                    # llama-server stopped first (an end-of-generation token clawproxy does not count as EOS)
+                    req.finished = True
+                    req.emit(StepEvent([], [], [], "", inst.version, finish_reason="stop"))
+        finally:
+            conn.close()
+
+    def _events(self, req: GenRequest, inst: Instance, event: dict[str, Any]) -> None:
+        timings = event.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int) and not req.completion_ids:
+            req.cached_tokens = timings["cache_n"]
+        for entry in event.get("completion_probabilities") or ():
+            if req.finished:
+                return
+            top = [(int(t["id"]), _logprob(t)) for t in entry.get("top_probs" if self.post_sampling else "top_logprobs",
+                                                               ())][: req.params.top_logprobs]
+            with self._detok_lock:
+                ev = advance(req, int(entry["id"]), _logprob(entry), top, detok=self._detok, eos_ids=self.eos_ids,
+                             max_model_len=self.max_model_len, version=inst.version)
+            req.emit(ev)
+
+
+def _sse(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+    """The ``data:`` events of a server-sent event stream, decoded."""
+    for raw in resp:
+        line = raw.strip()
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data and data != b"[DONE]":
+                yield json.loads(data)
+        elif line.startswith(b"error:"):
+            yield {"error": line[6:].strip().decode(errors="replace")}
+
+
+def _logprob(entry: dict[str, Any]) -> float:
+    """An entry's log-prob: given as such before sampling, as a probability after it."""
+    if "logprob" in entry:
+        return float(entry["logprob"])
+    p = float(entry["prob"])
+    return math.log(p) if p > 0 else float("-inf")
+
+
+def _checkpoint_dtype(path: Path) -> str:
+    try:
+        return str(json.loads((path / "config.json").read_text()).get("torch_dtype") or "float32")
+    except (OSError, ValueError):
+        return "float32"
+
+
+def build_engine(e: Any, data_dir: str) -> tuple[LlamaCppEngine, Path, int]:
+    """The engine ``python -m clawproxy.engine`` serves for ``engine.kind: llamacpp`` (not started),
+    its Hugging Face model directory (the trainer's weights) and the context length it serves."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from clawproxy.catalog import fetch_gguf, lookup
+    from clawproxy.engine.llamacpp_build import require
+    from clawproxy.engine.model import context_limit, eos_token_ids, resolve_model, serving_length
+
+    llama = require()
+    root = resolve_model(e.model, data_dir)
+    if not Path(str(root)).is_dir():  # a Hugging Face id: llama.cpp converts from files
+        from huggingface_hub import snapshot_download
+
+        root = snapshot_download(str(root))
+    root = Path(str(root))
+    work = Path(data_dir) / "llamacpp"
+    if e.quantization == "q4_k_m":
+        named = lookup(e.model)
+        if named is None or not named.gguf_file.lower().endswith("q4_k_m.gguf"):
+            raise EngineError(f"engine.quantization=q4_k_m serves a catalog model's own Q4_K_M file; "
+                              f"{e.model!r} has none (`clawproxy models list`)", status=400)
+        gguf = fetch_gguf(named)
+    else:
+        outtype = GGUF_TYPES[e.dtype]
+        gguf = convert_model(llama, root, work / "models" / f"{root.name}-{outtype}.gguf", outtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(root))
+    from types import SimpleNamespace
+
+    gen = GenerationConfig.from_pretrained(str(root)) if (root / "generation_config.json").exists() else None
+    eos = eos_token_ids(SimpleNamespace(generation_config=gen), tokenizer)
+    max_len = serving_length(e.max_model_len, context_limit(AutoConfig.from_pretrained(str(root))), e.rope_scaling)
+    engine = LlamaCppEngine(llama, gguf, root, tokenizer, eos, work_dir=work, max_batch_size=e.max_batch_size,
+                            max_model_len=max_len, threads=e.threads, logprobs_mode=e.logprobs_mode)
+    return engine, root, max_len
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
