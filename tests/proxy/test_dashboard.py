@@ -34,11 +34,11 @@ import yaml
 
 from clawproxy.engine.client import EngineClient
 from clawproxy.store import Store
-from tests.clawproxy.test_supervisor import wait_http, wait_until
+from tests.clawproxy.test_supervisor import wait_http
 from tests.net import held_port, stop
 from tests.rig.proc_rig import FakeProc
 from tests.rig.vllm_engine import engine_settings, require_vllm
-from tests.waits import assert_stays_sync, until
+from tests.waits import assert_stays_sync, until, until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -115,7 +115,7 @@ def stack(tmp_path_factory, tiny_vllm_model_dir) -> Iterator[dict[str, Any]]:
                 with contextlib.closing(_store(data)) as s:
                     return s.judge_backlog()["judged"] >= 4
 
-            wait_until("the judge scored the four turns with a next state", judged, timeout=90)
+            until_sync(judged, "the judge scored the four turns with a next state", 90)
     finally:
         fake.close()
     with held_port() as port, held_port() as engine_port, _start(
@@ -133,7 +133,7 @@ def stack(tmp_path_factory, tiny_vllm_model_dir) -> Iterator[dict[str, Any]]:
             with contextlib.closing(_store(data)) as s:
                 return s.latest_weight_version() >= 2
 
-        wait_until("the trainer published v2", trained, timeout=150)
+        until_sync(trained, "the trainer published v2", 150)
         yield {"port": port, "engine_port": engine_port, "data": data, "url": f"http://127.0.0.1:{port}/clawproxy/ui"}
 
 

@@ -21,7 +21,7 @@ from clawproxy.store import Store
 from tests.proxy.test_durability import disk_full
 from tests.proxy.test_proxy_forwarding import _body
 from tests.rig.proc_rig import http_request, raw_request
-from tests.waits import until
+from tests.waits import until, until_sync
 
 
 def _port(rig) -> int:
@@ -37,13 +37,10 @@ def quarantine(rig) -> list[dict]:
 
 
 async def wait_idle(rig, n_turns: int, n_quarantined: int = 0, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = await rig.stats()
-        if s["turns_recorded"] >= n_turns and s["quarantined"] >= n_quarantined and s["queue_depth"] == 0:
-            return s  # both counts move once the turn is committed: nothing left to settle
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not idle: {await rig.stats()}")
+    def idle(s: dict) -> bool:  # both counts move once the turn is committed: nothing left to settle
+        return s["turns_recorded"] >= n_turns and s["quarantined"] >= n_quarantined and s["queue_depth"] == 0
+
+    return await rig.stats_when(idle, f"{n_turns} turns recorded, {n_quarantined} quarantined", timeout)
 
 
 # -- 1, 5, 6, 9: one bad record never stops recording ---------------------------------------------
@@ -141,10 +138,7 @@ async def test_secrets_in_every_position_are_redacted(make_rig, caplog):
     disk_full(rig, True)
     body2 = _body(f"{s0} again" + " filler" * 4000)
     await rig.chat(body2, {"session_id": "sec"})
-    for _ in range(100):
-        if (await rig.stats())["spool_records"]:
-            break
-        await asyncio.sleep(0.05)
+    await rig.stats_when(lambda s: s["spool_records"] > 0, "the turn to be spooled")
     spool = (rig.cfg.data_path / "spool.jsonl").read_bytes()
     disk_full(rig, False)
     await rig.chat(_body("ok"), {"session_id": "sec"})
@@ -355,11 +349,7 @@ async def test_full_disk_serves_counts_the_loss_and_recovers(rig):
         for i in range(3):
             status, _, data = await rig.chat(_body(f"lost {i}" + " filler" * 4000))
             assert status == 200 and b"[DONE]" in data
-        for _ in range(100):
-            s = await rig.stats()
-            if s["turns_lost"] == 3:
-                break
-            await asyncio.sleep(0.05)
+        await rig.stats_when(lambda s: s["turns_lost"] == 3, "the three turns to be counted lost")
         async with rig.client.get(rig.url + "/clawproxy/health") as r:
             h = await r.json()
         assert h["turns_lost"] == 3 and h["recording"] == "degraded" and not h["store_ok"], h
@@ -485,15 +475,15 @@ def test_start_serves_with_a_broken_store(tmp_path):
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answered() -> dict | None:
             try:
                 with opener.open(f"http://127.0.0.1:{port}/clawproxy/health", timeout=5) as r:
-                    health = orjson.loads(r.read())
-                break
+                    return orjson.loads(r.read())
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
-                time.sleep(0.2)
+                assert proc.poll() is None, proc.stdout.read().decode()
+                return None
+
+        health = until_sync(answered, "the proxy to answer /clawproxy/health", 30, poll=0.2)
         assert health["store_ok"] is False and health["recording"] == "degraded", health
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                      data=orjson.dumps(_body("served")),
@@ -608,9 +598,6 @@ async def test_the_journal_is_emptied_after_the_queue_overflowed(make_rig, monke
     gate.set()
     s = await wait_idle(rig, 5)
     assert s["turns_recorded"] == 5
-    for _ in range(100):
-        if rec.journal_path.stat().st_size == 0:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: rec.journal_path.stat().st_size == 0, "the journal to be emptied")
     assert rec.journal_path.stat().st_size == 0
     assert sorted(t["session_id"] for t in rig.turns()) == [f"o{i}" for i in range(5)]
