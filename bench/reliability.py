@@ -193,8 +193,9 @@ def fuzz(fake: FakeProc, cases: int, work: Path) -> dict:
             "quarantine_reasons": sorted(set(reasons))}
 
 
-FAULT_TESTS = ["tests/proxy/test_reliability.py", "tests/proxy/test_durability.py",
-               "tests/proxy/test_errors.py"]
+FAULT_TESTS = ["tests/proxy/test_reliability_records.py", "tests/proxy/test_reliability_requests.py",
+               "tests/proxy/test_reliability_store.py", "tests/proxy/test_reliability_secrets.py",
+               "tests/proxy/test_durability.py", "tests/proxy/test_errors.py"]
 COMPONENT_TESTS = [
     "tests/judge/test_llm_voter.py::test_unreachable_endpoint_raises_so_the_turn_is_retried",
     "tests/judge/test_worker.py::test_killed_worker_resumes_without_loss_or_double_count",

@@ -3,12 +3,12 @@ free, and none sleeps in the hope that a server is up."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
+
+from tests.waits import until
 
 
 @contextlib.contextmanager
@@ -30,21 +30,20 @@ async def wait_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None
     with its output, when ``proc`` exits first."""
     import aiohttp
 
-    deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as client:
-        while True:
+        async def answers() -> bool:
             try:
                 async with client.get(url) as r:
                     if r.status == 200:
-                        return
+                        return True
             except aiohttp.ClientError:
                 pass
             if proc is not None and proc.poll() is not None:
                 out = proc.stdout.read() if proc.stdout else b""
                 raise RuntimeError(f"{url}: the server exited with {proc.returncode}: {out!r}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not answer 200 within {timeout} s")
-            await asyncio.sleep(0.1)
+            return False
+
+        await until(answers, f"{url} to answer 200", timeout, poll=0.1)
 
 
 def stop(proc: subprocess.Popen, grace: float = 60) -> None:

@@ -24,12 +24,13 @@ from clawproxy.simulate.agent_tasks import (
     materialize,
 )
 from tests.bench.util import bench_module
-from tests.waits import assert_stays_sync
+from tests.waits import assert_stays_sync, until_sync
 
 TASKS = load_tasks()
 BY_KIND = {k: [t for t in TASKS if t.kind == k] for k in KINDS}
 # Enough tasks to mean something on a 2-core CPU, fixed before tuning (issue 38).
 MIN_PER_SPLIT = {"train": 10, "validation": 3, "heldout": 4}
+NO_MORE_TASKS_WINDOW_S = 0.2  # a worker set free would take the next queued task within milliseconds
 
 
 def ws_with_reference(task: Task, tmp_path: Path) -> Path:
@@ -221,7 +222,6 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
     import os
     import signal
     import threading
-    import time
 
     agent = bench_module("agent")
     started, release = [], threading.Event()
@@ -237,11 +237,12 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
     monkeypatch.setattr(agent, "run_task", run_task)
     # agent_learn's own handler: a background CI shell starts Python with SIGINT ignored
     previous = signal.signal(signal.SIGTERM, stop)
+
     def signal_when_running():  # both workers hold a task: the signal lands mid-point
-        deadline = time.monotonic() + 30
-        while len(started) < 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            until_sync(lambda: len(started) >= 2, "both workers to hold a task", 30)
+        finally:  # signalled even so: without it the run would wait on release forever
+            os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=signal_when_running, daemon=True).start()
     try:
@@ -252,7 +253,7 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
         signal.signal(signal.SIGTERM, previous)
         release.set()
     # the two that were running; the other four never start, now that the workers are free
-    assert_stays_sync(lambda: len(started) == 2, "only the two running tasks started", 0.2)
+    assert_stays_sync(lambda: len(started) == 2, "only the two running tasks started", NO_MORE_TASKS_WINDOW_S)
 
 
 def test_reparse_counts_recovered_calls_and_never_turns_an_ordinary_answer_into_one(tmp_path):

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from clawproxy.store import Store
 from tests.clawproxy.test_supervisor import wait_http
 from tests.net import held_port, stop
 from tests.openclaw_client import OpenClaw, ensure_openclaw
+from tests.waits import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,16 +86,6 @@ def _write_config(home: Path, port: int, *extra: str) -> Path:
     return path
 
 
-def _wait(predicate, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def _fake_tool_once(cfg_path: Path) -> None:
     """The fake answers with a read(hello.txt) call, then with text once it sees the tool result."""
     cfg = json.loads(cfg_path.read_text())
@@ -133,8 +123,8 @@ def test_tool_call_round_trip_is_recorded_with_its_next_state(openclaw, fake_ups
                             "What does hello.txt say?"], home)
         assert out["ok"] is True and out["status"] == "ok", out
 
-        turns = _wait(lambda: (t := _main_turns(data)) and len(t) == 2 and t[0]["next_turn_id"] and t,
-                      30, "both turns recorded and linked")
+        turns = until_sync(lambda: (t := _main_turns(data)) and len(t) == 2 and t[0]["next_turn_id"] and t,
+                           "both turns recorded and linked", 30)
         call, answer = turns
         assert call["session_id"] == answer["session_id"]
         assert call["finish_reason"] == "tool_calls" and answer["finish_reason"] == "stop"
@@ -145,8 +135,8 @@ def test_tool_call_round_trip_is_recorded_with_its_next_state(openclaw, fake_ups
         assert "marmalade" in json.dumps(call["next_state"])
         assert call["trainable"] == 1, call["reason"]
 
-        judged = _wait(lambda: _query(data, "SELECT score FROM judgments WHERE turn_id=?", (call["id"],)),
-                       120, "the judge's verdict on the tool call")
+        judged = until_sync(lambda: _query(data, "SELECT score FROM judgments WHERE turn_id=?", (call["id"],)),
+                            "the judge's verdict on the tool call", 120)
         assert judged[0]["score"] == 1  # the tool ran and returned the file
 
         r = CliRunner().invoke(main, ["sessions", "show", call["session_id"], "--data-dir", str(data)],
@@ -172,8 +162,8 @@ def test_a_no_learn_config_is_recorded_and_never_judged(openclaw, fake_upstream,
         out = openclaw.run(["agent", "exec", "--config", str(cfg_path), "--cwd", str(ws), "--json",
                             "What does hello.txt say?"], home)
         assert out["ok"] is True, out
-        call, answer = _wait(lambda: (t := _main_turns(data)) and len(t) == 2 and t[0]["next_turn_id"] and t,
-                             30, "both turns recorded and linked")
+        call, answer = until_sync(lambda: (t := _main_turns(data)) and len(t) == 2 and t[0]["next_turn_id"] and t,
+                                  "both turns recorded and linked", 30)
         assert call["finish_reason"] == "tool_calls" and "marmalade" in json.dumps(call["next_state"])
         assert [(t["reason"], t["trainable"]) for t in (call, answer)] == [("not_learned", 0)] * 2
         store = Store(data / "clawproxy.db")
@@ -210,8 +200,8 @@ def test_the_agent_benchmarks_user_reaction_is_the_answers_next_state(openclaw, 
             linked = store.get_turn(answer["id"])
             assert (linked["reason"], linked["next_state_role"]) == ("ok", "user")
             assert "exactly it" in json.dumps(linked["next_state"])
-            _wait(lambda: _query(data, "SELECT score FROM judgments WHERE turn_id=?", (answer["id"],)),
-                  120, "the judge's verdict on the answer")
+            until_sync(lambda: _query(data, "SELECT score FROM judgments WHERE turn_id=?", (answer["id"],)),
+                       "the judge's verdict on the answer", 120)
         finally:
             store.close()
     finally:
@@ -261,8 +251,8 @@ def test_memory_flush_and_compaction_turns_are_side_and_never_trained(openclaw, 
         for msg in ("Remember that my cat is called Miso.", "What is my cat called?"):
             openclaw.run(["agent", "--local", "--session-id", "flush-1", "--json", "-m", msg], home,
                          cfg_path)
-        side = _wait(lambda: _query(data, "SELECT side_kind, trainable, reason FROM turns "
-                                          "WHERE kind='side'"), 30, "side turns")
+        side = until_sync(lambda: _query(data, "SELECT side_kind, trainable, reason FROM turns "
+                                               "WHERE kind='side'"), "side turns", 30)
         kinds = {t["side_kind"] for t in side}
         assert {"memory_flush", "compaction"} <= kinds, side
         assert all(t["trainable"] == 0 for t in side)
@@ -308,10 +298,10 @@ def conversation(openclaw, default_stack) -> list[str]:
     s = default_stack
     answers = [openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m", msg],
                             s.home, s.config)["payloads"][0]["text"] for msg, _ in FACTS]
-    turns = _wait(lambda: (t := _main_turns(s.data)) and len(t) == 3 and t, 30, "three turns")
+    turns = until_sync(lambda: (t := _main_turns(s.data)) and len(t) == 3 and t, "three turns", 30)
     for turn in turns[:2]:
-        _wait(lambda turn=turn: _query(s.data, "SELECT 1 FROM judgments WHERE turn_id=?", (turn["id"],)),
-              180, f"turn {turn['id']} judged")
+        until_sync(lambda turn=turn: _query(s.data, "SELECT 1 FROM judgments WHERE turn_id=?", (turn["id"],)),
+                   f"turn {turn['id']} judged", 180)
     return answers
 
 
@@ -378,5 +368,5 @@ def test_a_lora_step_is_published_and_the_next_answer_served_by_it(openclaw, def
     out = openclaw.run(["agent", "--local", "--session-id", "talk-1", "--json", "-m",
                         "And the capital of Italy?"], s.home, s.config)
     assert out["payloads"][0]["text"].strip(), out
-    last = _wait(lambda: (t := _main_turns(s.data)) and len(t) == 4 and t[-1], 30, "the fourth turn")
+    last = until_sync(lambda: (t := _main_turns(s.data)) and len(t) == 4 and t[-1], "the fourth turn", 30)
     assert last["weight_version"] == published["new_version"] and last["status"] == "ok", last

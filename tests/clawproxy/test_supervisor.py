@@ -22,6 +22,7 @@ import yaml
 from clawproxy.store import Store
 from tests.net import held_port, stop
 from tests.rig.vllm_engine import engine_settings, require_vllm
+from tests.waits import until_sync
 
 
 def children_of(pid: int) -> list[int]:
@@ -46,30 +47,19 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_until(what: str, check, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.1)
-
-
 def wait_http(url: str, timeout: float = 120.0, want: int = 200) -> None:
     """Poll ``url`` until it answers ``want``. Only "not up yet" is retried (refused, reset, timed
     out, another status); anything else is a bug in the test or the server and raises at once."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                last = r.status
+                return r.status == want
         except urllib.error.HTTPError as e:
-            last = e.code
-        except OSError as e:  # URLError, ConnectionError, TimeoutError: not listening yet
-            last = e
-        if last == want:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"{url} not ready in {timeout} s (last: {last!r})")
+            return e.code == want
+        except OSError:  # URLError, ConnectionError, TimeoutError: not listening yet
+            return False
+
+    until_sync(answers, f"{url} to answer {want}", timeout, poll=0.3)
 
 
 MODEL = "tiny"
@@ -133,7 +123,7 @@ def crashed(stack) -> Iterator[Crash]:
     family = descendants_of(engine_pid)
     os.kill(engine_pid, signal.SIGKILL)
     log = stack.data / "logs" / "clawproxy.log"  # written after the supervisor marks the engine not ready
-    wait_until("the supervisor saw the engine die", lambda: "engine exited with code -9" in log.read_text())
+    until_sync(lambda: "engine exited with code -9" in log.read_text(), "the supervisor saw the engine die", 60)
     req = urllib.request.Request(
         f"http://127.0.0.1:{stack.port}/v1/chat/completions",
         data=json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode(),
@@ -155,7 +145,7 @@ def crashed(stack) -> Iterator[Crash]:
             assert e.code == 503, e.code
             return False
 
-    wait_until("the restarted engine serves through the proxy", serves, timeout=600)
+    until_sync(serves, "the restarted engine serves through the proxy", 600)
     left = [p for p in family if alive(p)]
     yield Crash(status, body, answered, family, left)
     for pid in left:  # ours: a failing run does not leave them holding the model's memory
@@ -317,7 +307,7 @@ def test_start_in_front_of_a_plain_openai_server_records_and_warns_once_that_the
                 finally:
                     store.close()
 
-            wait_until("the turn is recorded", lambda: recorded() == 1)
+            until_sync(lambda: recorded() == 1, "the turn is recorded", 60)
             assert not [k for k in children_of(proc.pid) if "train" in Path(f"/proc/{k}/cmdline").read_text()]
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from clawproxy.chat_template import render_chat
 from clawproxy.engine.core import Engine, GenRequest, SamplingParams
 from tests.rig.engine_proc import forward_logprobs
+from tests.waits import until_sync
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"
 
@@ -77,16 +76,9 @@ class Run:
         return [lp for ev in self.events for lp in ev.logprobs]
 
 
-def until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.01)
-
-
 def idle(engine: Engine) -> None:
     """Wait until the worker has retired every row (it caches a row's KV after its last event)."""
-    until(lambda: not engine.load()["running"], "the engine retires every row")
+    until_sync(lambda: not engine.load()["running"], "the engine retires every row", 60)
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -116,7 +108,8 @@ def test_a_running_stream_keeps_decoding_while_a_long_prompt_prefills(tiny, make
     log: list = []
     short = Run(engine, render(tokenizer, [{"role": "user", "content": "Count to fifty."}]), log,
                 max_tokens=200, ignore_eos=True)
-    until(lambda: short.events, "the running stream's first token")
+    # soon after its first token: the short stream is still decoding when the long prompt comes
+    until_sync(lambda: short.events, "the running stream's first token", 60, poll=0.01)
     long_ids = render(tokenizer, [openclaw["system"], openclaw["user"], openclaw["transient"]],
                       openclaw["tools"])
     assert len(long_ids) > 1000
@@ -148,8 +141,8 @@ def test_openclaw_turn_two_prefills_only_its_new_tokens(tiny, make_engine, openc
     shared = len(render(tokenizer, history, openclaw["tools"])) - 3  # minus "<|im_start|>assistant\n"
     other = Run(engine, render(tokenizer, [{"role": "user", "content": "Hi"}]), max_tokens=500,
                 ignore_eos=True)
-    while not other.events:
-        threading.Event().wait(0.01)
+    # soon after its first token: it is still decoding while turn 2 runs
+    until_sync(lambda: other.events, "the other stream's first token", 60, poll=0.01)
     reused_before = engine.prefix_tokens_reused
     turn2 = Run(engine, turn2_ids, max_tokens=10).wait()
     assert not other.done.is_set()
@@ -170,8 +163,8 @@ def test_a_side_request_reuses_the_prompt_of_a_request_still_decoding(tiny, make
     system = render(tokenizer, [openclaw["system"]], openclaw["tools"])
     main = Run(engine, render(tokenizer, [openclaw["system"], openclaw["user"]], openclaw["tools"]),
                max_tokens=400, ignore_eos=True)
-    while not main.events:
-        threading.Event().wait(0.01)
+    # soon after its first token: it is still decoding while the side request runs
+    until_sync(lambda: main.events, "the main stream's first token", 60, poll=0.01)
     flush = [openclaw["system"], {"role": "user", "content": "Pre-compaction memory flush. Store durable memories now."}]
     side_ids = render(tokenizer, flush, openclaw["tools"])
     side = Run(engine, side_ids).wait()
@@ -189,8 +182,7 @@ def test_a_cancelled_stream_still_seeds_the_next_turn(tiny, make_engine, opencla
     engine = make_engine()
     ids = render(tokenizer, [openclaw["system"], openclaw["user"]], openclaw["tools"])
     run = Run(engine, ids, max_tokens=500, ignore_eos=True)
-    while len(run.ids) < 5:
-        threading.Event().wait(0.01)
+    until_sync(lambda: len(run.ids) >= 5, "five tokens of the stream", 60, poll=0.01)  # stopped well before its 500
     engine.cancel(run.req)
     idle(engine)
     got = run.ids

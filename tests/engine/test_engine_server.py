@@ -20,6 +20,7 @@ from tests.rig.engine_proc import (
     request,
     stream_chat,
 )
+from tests.waits import until_sync
 
 MSGS = [{"role": "user", "content": "Tell me a story about a cat."}]
 
@@ -192,11 +193,11 @@ def test_openai_sdk_streaming(engine_url):
 
 def until_health(url: str, check: Callable[[dict], bool], timeout: float = 30.0) -> dict:
     """The engine's /health once ``check`` holds for it (it counts running and waiting requests)."""
-    deadline = time.monotonic() + timeout
-    while not check(health := get(url + "/health").json()):
-        assert time.monotonic() < deadline, f"/health never got there: {health}"
-        time.sleep(0.01)
-    return health
+    def reached() -> dict | None:
+        health = get(url + "/health").json()
+        return health if check(health) else None
+
+    return until_sync(reached, "/health to get there", timeout)
 
 def test_pause_keep_freezes_and_resumes_without_errors(engine_url):
     client = EngineClient(engine_url)
@@ -254,9 +255,7 @@ def test_client_disconnect_frees_the_slot(engine_url):
         r.readline()
     assert get(engine_url + "/health").json()["running"] == 1
     r.close()
-    deadline = time.monotonic() + 20
-    while get(engine_url + "/health").json()["running"] and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until_sync(lambda: not get(engine_url + "/health").json()["running"], "the slot to be freed", 20)
     assert get(engine_url + "/health").json()["running"] == 0
     assert chat(engine_url, {"messages": MSGS, "max_tokens": 2}).status_code == 200
 
@@ -327,9 +326,7 @@ def test_pause_wait_also_drains_requests_still_queued(tiny):
     engine.submit(req)
     with ThreadPoolExecutor(1) as pool:
         paused = pool.submit(engine.pause, "wait", 30.0)
-        deadline = time.monotonic() + 10
-        while not engine.is_paused and time.monotonic() < deadline:  # pause requested first
-            time.sleep(0.01)
+        until_sync(lambda: engine.is_paused, "the pause to be requested first")
         engine.start()
         try:
             paused.result(30)
@@ -350,9 +347,7 @@ def test_resume_before_the_worker_parked_ends_the_pending_pause(tiny):
     engine = Engine(model, tokenizer, threads=1)  # worker not started: it cannot park
     with ThreadPoolExecutor(1) as pool:
         paused = pool.submit(engine.pause, "keep", 5.0)
-        deadline = time.monotonic() + 5
-        while not engine.is_paused and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until_sync(lambda: engine.is_paused, "the pause to be requested", 5)
         engine.resume()
         paused.result(10)  # returns; EngineError (did not pause in time) before the fix
     assert not engine.is_paused

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from clawproxy.config import load_config
 from clawproxy.engine import quantize
 from clawproxy.errors import ConfigError
 from tests.net import held_port, stop
+from tests.waits import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -202,15 +202,15 @@ def w4_server(small_model, tmp_path_factory):
                                 stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 600
-            while True:
+            def healthy() -> bool:
                 assert proc.poll() is None, log.read_text()[-3000:]
                 try:
                     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url + "/health", timeout=2):
-                        break
+                        return True
                 except OSError:
-                    assert time.monotonic() < deadline, log.read_text()[-3000:]
-                    time.sleep(1)
+                    return False
+
+            until_sync(healthy, f"vLLM to answer /health (log: {log})", 600, poll=1)
             yield url, log
         finally:
             stop(proc)

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.rig.traffic import train_while_users_talk
 from tests.rig.vllm_contract import *  # noqa: F403 (the shared contract tests)
 from tests.rig.vllm_contract import Target, ask, chat
 from tests.rig.vllm_engine import engine_settings, require_vllm
+from tests.waits import until_sync
 
 MODEL = "smol-real"
 KEY = "sk-real"
@@ -54,18 +54,19 @@ class Server:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen([sys.executable, "-m", "clawproxy.engine", "--config", str(self.config)],
                                      stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        deadline = time.monotonic() + 600
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+        proc = self.proc
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited {proc.returncode}: {self.log.read_text()[-3000:]}")
             try:
                 with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
                         self.url + "/health", timeout=2):
-                    return
+                    return True
             except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM not healthy in 600 s: {self.log.read_text()[-3000:]}") from None
-                time.sleep(1)
+                return False
+
+        until_sync(healthy, f"vLLM to answer /health (log: {self.log})", 600, poll=1)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from clawproxy.store import Store
 from judge.voters import LexicalVoter, Vote
 from judge.worker import Worker
 from tests.judge.conftest import add_turn
+from tests.waits import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,13 +128,9 @@ def test_killed_worker_resumes_without_loss_or_double_count(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(_cli(tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    judged = 0
-    while time.monotonic() < deadline and proc.poll() is None:
-        judged = counts(store)[0]
-        if judged >= 20:
-            break
-        time.sleep(0.02)
+    # checked often: the worker is to be killed mid-run, well before it judges all 1500
+    until_sync(lambda: proc.poll() is not None or counts(store)[0] >= 20, "the worker to judge 20 turns", 60,
+               poll=0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     j, v = counts(store)
@@ -157,13 +153,9 @@ def test_follow_picks_up_new_turns_and_exits_cleanly_on_sigterm(tmp_path):
     proc = subprocess.Popen(_cli(tmp_path, "--follow", "--config", str(cfg)), cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and counts(store)[0] == 0:  # up, and through a first pass
-            time.sleep(0.05)
+        until_sync(lambda: counts(store)[0] != 0, "the worker up, and through a first pass", 60)
         tid = add_turn(store, "s1", request="hi", response="hello", next_user="perfect, thanks")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and counts(store)[0] == 1:
-            time.sleep(0.05)
+        until_sync(lambda: counts(store)[0] != 1, "the worker to judge the new turn", 30)
         assert store.query_one("SELECT score FROM judgments WHERE turn_id=?", (tid,))["score"] == 1
         assert proc.poll() is None  # still following
         proc.send_signal(signal.SIGTERM)

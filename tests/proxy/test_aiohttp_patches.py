@@ -1,5 +1,5 @@
 """The private aiohttp names clawproxy/proxy/aiohttp_patches.py relies on are still there and shaped
-the same; an aiohttp upgrade that moves them fails here first. Behaviour: test_reliability.py
+the same; an aiohttp upgrade that moves them fails here first. Behaviour: test_reliability_requests.py
 (test_error_answers_are_json_even_from_the_http_parser, test_non_utf8_header_bytes_are_forwarded_intact)."""
 
 from __future__ import annotations

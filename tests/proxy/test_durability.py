@@ -40,11 +40,7 @@ async def test_store_down_spools_then_replays(make_rig, tmp_path, monkeypatch):
     rig = await make_rig()
     status, _, _ = await rig.chat(_body("while broken"), {"x-session-id": "sp"})
     assert status == 200  # the user's request does not care
-    for _ in range(100):
-        s = await rig.stats()
-        if s["spool_records"] == 1:
-            break
-        await asyncio.sleep(0.05)
+    s = await rig.stats_when(lambda s: s["spool_records"] == 1, "the turn to be spooled")
     assert s["store_ok"] is False and s["spool_records"] == 1, s
     spool = tmp_path / "data" / "spool.jsonl"
     assert spool.exists() and oct(spool.stat().st_mode & 0o777) == "0o600"
@@ -71,10 +67,7 @@ async def test_spool_replayed_on_next_start(make_rig, tmp_path):
     db_dir.mkdir(parents=True)
     rig = await make_rig()
     await rig.chat(_body("spooled"), {"x-session-id": "sp2"})
-    for _ in range(100):
-        if (await rig.stats())["spool_records"] == 1:
-            break
-        await asyncio.sleep(0.05)
+    await rig.stats_when(lambda s: s["spool_records"] == 1, "the turn to be spooled")
     await rig.app.shutdown()
     await rig.app.cleanup()
     shutil.rmtree(db_dir)
@@ -101,11 +94,12 @@ async def test_turn_survives_sigkill(aiohttp_server, tmp_path):
                                        headers={"session_id": "kill:0"}) as r:
                     assert r.status == 200
                     assert b"pong: remember me" in await r.read()
-                for _ in range(100):
+
+                async def recorded() -> bool:
                     async with client.get(base + "/clawproxy/stats") as r:
-                        if (await r.json())["turns_recorded"] == 1:
-                            break
-                    await asyncio.sleep(0.05)
+                        return (await r.json())["turns_recorded"] == 1
+
+                await until(recorded, "the turn to be recorded", poll=0.05)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
         finally:
@@ -129,11 +123,7 @@ async def test_write_failure_spools_and_replays_on_next_success(rig, tmp_path):
     try:
         status, _, _ = await rig.chat(_body("during failure" + BIG), {"x-session-id": "wf"})
         assert status == 200
-        for _ in range(100):
-            s = await rig.stats()
-            if s["spool_records"] == 1:
-                break
-            await asyncio.sleep(0.05)
+        s = await rig.stats_when(lambda s: s["spool_records"] == 1, "the turn to be spooled")
         assert s["store_ok"] is False and "full" in s["last_error"], s
     finally:
         disk_full(rig, False)
@@ -163,10 +153,7 @@ async def test_turns_spooled_during_a_failure_link_in_order(rig):
         big = msgs("q1", "q2")
         big["messages"][0]["content"] += BIG
         await rig.chat(big, h)
-        for _ in range(100):
-            if (await rig.stats())["spool_records"] == 1:
-                break
-            await asyncio.sleep(0.05)
+        await rig.stats_when(lambda s: s["spool_records"] == 1, "the turn to be spooled")
     finally:
         disk_full(rig, False)
     await rig.chat(msgs("q1", "q2", "q3"), h)

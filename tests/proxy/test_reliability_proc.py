@@ -41,7 +41,7 @@ def test_sigkill_right_after_done_loses_no_finished_turn(fake, tmp_path):
             proxy.start()
             word = f"kill{i}x{random.randrange(10**6)}"
             stream_until_done(proxy.port, chat_body(word), [(b"x-fake-chunks", b"8")])
-            time.sleep(random.choice([0, 0, 0.005, 0.02]))
+            time.sleep(random.choice([0, 0, 0.005, 0.02]))  # a random moment after [DONE], not a synchronisation
             proxy.kill(signal.SIGKILL)
             words.append(word)
         proxy.start()  # replays the journal

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import time
 from pathlib import Path
 
 import orjson
@@ -20,6 +20,7 @@ from clawproxy.proxy.sessions import (
 )
 from clawproxy.store.lifecycle import LEARN_HEADER
 from tests.proxy.test_proxy_forwarding import CTX_MSG
+from tests.waits import until
 
 # A copy of shared/openclaw/samples.jsonl (real OpenClaw requests; keys are fake test keys).
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "openclaw_samples.jsonl"
@@ -264,12 +265,12 @@ async def test_idle_sessions_finalized(make_rig):
     await rig.chat({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]},
                    {"x-session-id": "idle"})
     await rig.wait_recorded(1)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        [t] = rig.turns()
-        if t["reason"] == "no_next_state":
-            break
-        await __import__("asyncio").sleep(0.1)
+
+    def finalized() -> list[dict] | None:
+        turns = rig.turns()
+        return turns if turns[0]["reason"] == "no_next_state" else None
+
+    [t] = await until(finalized, "the idle session to be finalized", 5, poll=0.1)  # each check opens the store
     assert t["reason"] == "no_next_state" and t["trainable"] == 0
     st = rig.store()
     try:
@@ -297,9 +298,19 @@ async def test_heartbeats_do_not_keep_a_session_from_finalizing(make_rig):
     await rig.chat({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}, h)
     hb = {"model": "m", "stream": True, "messages": [
         {"role": "user", "content": "Follow the heartbeat monitor scratch context when provided."}]}
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        await rig.chat(hb, h)
-        await asyncio.sleep(0.15)
+
+    async def heartbeats() -> None:  # the fake client: several heartbeats within each idle timeout
+        while True:
+            await rig.chat(hb, h)
+            await asyncio.sleep(0.15)
+
+    beating = asyncio.create_task(heartbeats(), name="heartbeats")
+    try:  # each check opens the store
+        await until(lambda: [t["reason"] for t in rig.turns() if t["kind"] == "main"] == ["no_next_state"],
+                    "the session to finalize while heartbeats keep coming", poll=0.1)
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
     main = [t for t in rig.turns() if t["kind"] == "main"]
     assert [t["reason"] for t in main] == ["no_next_state"]

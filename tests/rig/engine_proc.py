@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.net import held_port, stop
+from tests.waits import until_sync
 
 
 @contextlib.contextmanager
@@ -37,18 +37,15 @@ def _engine_on(port: int, model_dir: Path, data_dir: Path, extra: tuple[str, ...
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
+        def healthy() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"engine exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
             try:
-                if get(url + "/health", timeout=2).status_code == 200:
-                    break
+                return get(url + "/health", timeout=2).status_code == 200
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"engine did not become healthy:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+                return False
+
+        until_sync(healthy, f"the engine to answer /health (log: {log_path})", timeout, poll=0.2)
         yield url
     finally:
         stop(proc, grace=15)

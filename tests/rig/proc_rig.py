@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.net import held_port
+from tests.waits import until_sync
 
 REPO = Path(__file__).resolve().parents[2]
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -71,15 +72,18 @@ class ProxyProc:
                 [sys.executable, "-m", "clawproxy.proxy", "--upstream", self.upstream, "--port",
                  str(self.port), "--data-dir", str(self.data), "--log-level", "INFO", *self.args],
                 cwd=REPO, env=_env(), stdout=logf, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
+        proc = self.proc
+
+        def up() -> bool:
             try:
                 self.get("/clawproxy/health")
-                return
+                return True
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is not None:
                     raise AssertionError(f"proxy did not start: {self.log.read_text()[-3000:]}") from None
-                time.sleep(0.05)
+                return False
+
+        until_sync(up, f"the proxy to answer /clawproxy/health (log: {self.log})", timeout)
 
     def get(self, path: str) -> dict[str, Any]:
         with _OPENER.open(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
@@ -96,16 +100,16 @@ class ProxyProc:
 
     def wait_idle(self, timeout: float = 30.0) -> dict[str, Any]:
         """Stats once the recorder's queue is empty and nothing is in flight."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
+        last: list[tuple] = [()]  # the counts at the previous poll
+
+        def idle() -> dict[str, Any] | None:
             s = self.get("/clawproxy/stats")
             key = (s["turns_recorded"], s["quarantined"], s["spool_records"], s["turns_lost"])
-            if s["queue_depth"] == 0 and s["in_flight"] == 0 and key == last:
-                return s
-            last = key
-            time.sleep(0.15)
-        raise AssertionError(f"recorder never went idle: {self.get('/clawproxy/stats')}")
+            settled = s["queue_depth"] == 0 and s["in_flight"] == 0 and key == last[0]
+            last[0] = key
+            return s if settled else None
+
+        return until_sync(idle, "the recorder to go idle", timeout, poll=0.15)
 
 
 def raw_request(port: int, data: bytes, timeout: float = 10.0, half_close: bool = False,

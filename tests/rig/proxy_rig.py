@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +14,7 @@ from clawproxy.proxy import create_app
 from clawproxy.proxy.app import server_options
 from clawproxy.store import Store
 from tests.rig.fake_upstream import FakeUpstream
+from tests.waits import until
 
 
 class ProxyRig:
@@ -30,15 +29,21 @@ class ProxyRig:
         async with self.client.get(self.url + "/clawproxy/stats") as r:
             return await r.json()
 
+    async def stats_when(self, ready: Callable[[dict[str, Any]], bool], what: str,
+                         timeout: float = 10.0) -> dict[str, Any]:
+        """The proxy's stats once ``ready`` holds for them; fails naming ``what`` after ``timeout`` s."""
+        async def check() -> dict[str, Any] | None:
+            s = await self.stats()
+            return s if ready(s) else None
+
+        # each check is a request the proxy under test serves: not every 5 ms
+        return await until(check, what, timeout, poll=0.02)
+
     async def wait_recorded(self, n: int, timeout: float = 10.0) -> None:
         """Until the recorder has written ``n`` turns in total (and its queue is empty)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            s = await self.stats()
-            if s["turns_recorded"] >= n and s["queue_depth"] == 0:  # counted once its transaction committed
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"recorder did not write {n} turns in {timeout}s: {await self.stats()}")
+        # a turn is counted once its transaction committed
+        await self.stats_when(lambda s: s["turns_recorded"] >= n and s["queue_depth"] == 0,
+                              f"the recorder to write {n} turns", timeout)
 
     def store(self) -> Store:
         return Store(self.cfg.db_path)

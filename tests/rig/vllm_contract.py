@@ -20,6 +20,7 @@ import pytest
 
 from clawproxy.engine.client import MIN_VLLM, EngineClient
 from clawproxy.errors import EngineError
+from tests.waits import assert_stays_sync
 from trainer.checkpoints import CheckpointInvalid, Version, is_refusal, publish
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -159,6 +160,7 @@ def test_lora_broken_adapter_is_a_500_refusal(target, tmp_path):
 
 
 QUEUES_DURING_PAUSE = (0, 33, 0)  # vLLM 0.33 answers 503 during abort/wait pauses; 0.32 queues
+HELD_WINDOW_S = 1.0  # a request let through answers ask()'s 4 tokens well within this
 
 
 @pytest.mark.parametrize("mode", ["abort", "wait"])
@@ -170,8 +172,9 @@ def test_abort_and_wait_pauses_refuse_or_queue_new_requests_by_version(target, m
         t = threading.Thread(target=lambda: out.append(chat(target, ask(target))))
         try:
             t.start()
-            t.join(1.0)  # a window to fail in: a held request never ends, so no event can say "held"
-            assert t.is_alive() and not out, f"a request finished during a {mode} pause"
+            # a window to fail in: a held request never ends, so no event can say "held"
+            assert_stays_sync(lambda: t.is_alive() and not out, f"a new request held during a {mode} pause",
+                              HELD_WINDOW_S)
         finally:
             client.resume()
         t.join(60)
@@ -193,8 +196,9 @@ def test_keep_pause_holds_new_requests_until_resume(target):
     t = threading.Thread(target=lambda: out.append(chat(target, ask(target))))
     try:
         t.start()
-        t.join(1.0)  # a window to fail in: a held request never ends, so no event can say "held"
-        assert t.is_alive() and not out, "a request finished while paused in keep mode"
+        # a window to fail in: a held request never ends, so no event can say "held"
+        assert_stays_sync(lambda: t.is_alive() and not out, "a new request held while paused in keep mode",
+                          HELD_WINDOW_S)
     finally:
         client.resume()
     t.join(60)

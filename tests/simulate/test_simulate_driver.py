@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import aiohttp
@@ -16,6 +15,7 @@ from clawproxy.simulate.driver import Driver, DriverSettings, SimulationError, a
 from clawproxy.simulate.personas import make_persona
 from clawproxy.simulate.prompts import SYSTEM_PROMPT
 from clawproxy.simulate.run import StoreView
+from tests.waits import until
 
 FILLER = ("Begin with the basics, gather what you need, follow each step carefully, check the result "
           "against what you expected, adjust the timing if something looks wrong, and note what worked "
@@ -133,12 +133,12 @@ async def test_through_the_real_proxy_turns_get_next_states_and_oracle_judgments
         driver = Driver(DriverSettings(base_url=rig.url), http)
         its = await driver.converse(persona, ["How do I boil an egg?", "How do I make tea?"])
     await rig.wait_recorded(3)
-    deadline = time.monotonic() + 10
-    while True:
+
+    def linked() -> list[dict[str, Any]] | None:
         turns = rig.turns()
-        if sum(t["next_state"] is not None for t in turns) >= 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return turns if sum(t["next_state"] is not None for t in turns) >= 2 else None
+
+    turns = await until(linked, "two turns with a next state", poll=0.1)  # each check opens the store
     sid = its[0].session_id
     assert all(t["session_id"] == sid and t["kind"] == "main" for t in turns)
     first, second = turns[0], turns[1]

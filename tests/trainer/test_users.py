@@ -14,6 +14,7 @@ from clawproxy.config import load_config
 from clawproxy.errors import ConfigError
 from clawproxy.store import Store
 from tests.trainer.util import insert_turn
+from tests.waits import until_sync
 from trainer.checkpoints import current_version, rollback
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -166,7 +167,6 @@ def test_a_user_removed_while_their_step_trains_leaves_nothing_behind(tmp_path, 
 def test_users_remove_waits_for_a_publish_in_flight(tmp_path):
     """The CLI takes the publish lock, so a step publishing for that user finishes first."""
     import threading
-    import time
 
     from click.testing import CliRunner
 
@@ -189,9 +189,8 @@ def test_users_remove_waits_for_a_publish_in_flight(tmp_path):
     def publish():
         with store.publish_lock():
             held.set()
-            deadline = time.monotonic() + 10  # the CLI reaches the lock and blocks on it (or never does)
-            while not someone_waits_for(lock_file) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            # the CLI reaches the lock and blocks on it (or never does)
+            until_sync(lambda: someone_waits_for(lock_file), "the CLI to block on the publish lock")
             done.set()
 
     t = threading.Thread(target=publish)

@@ -1,5 +1,5 @@
 """The dashboard (/clawproxy/ui) in a real browser: Debian's chromium driven by selenium, against real
-`clawproxy start` processes, plus its access rules against the in-process proxy rig.
+`clawproxy start` processes.
 
 The stack is built once per module, the way a user's data comes about:
 1. ``clawproxy start --upstream <fake>`` (``python -m tests.rig.fake_upstream``) with the judge
@@ -16,14 +16,12 @@ Screenshots of every page go to ``$CLAWPROXY_ARTIFACTS`` (default: a pytest temp
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +32,11 @@ import yaml
 
 from clawproxy.engine.client import EngineClient
 from clawproxy.store import Store
-from tests.clawproxy.test_supervisor import wait_http, wait_until
+from tests.clawproxy.test_supervisor import wait_http
 from tests.net import held_port, stop
 from tests.rig.proc_rig import FakeProc
 from tests.rig.vllm_engine import engine_settings, require_vllm
-from tests.waits import assert_stays_sync, until
+from tests.waits import assert_stays_sync, until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -115,7 +113,7 @@ def stack(tmp_path_factory, tiny_vllm_model_dir) -> Iterator[dict[str, Any]]:
                 with contextlib.closing(_store(data)) as s:
                     return s.judge_backlog()["judged"] >= 4
 
-            wait_until("the judge scored the four turns with a next state", judged, timeout=90)
+            until_sync(judged, "the judge scored the four turns with a next state", 90)
     finally:
         fake.close()
     with held_port() as port, held_port() as engine_port, _start(
@@ -133,7 +131,7 @@ def stack(tmp_path_factory, tiny_vllm_model_dir) -> Iterator[dict[str, Any]]:
             with contextlib.closing(_store(data)) as s:
                 return s.latest_weight_version() >= 2
 
-        wait_until("the trainer published v2", trained, timeout=150)
+        until_sync(trained, "the trainer published v2", 150)
         yield {"port": port, "engine_port": engine_port, "data": data, "url": f"http://127.0.0.1:{port}/clawproxy/ui"}
 
 
@@ -371,253 +369,3 @@ def _markers(driver: Any) -> list[int]:
     """Where the samples chart draws rollbacks (after how many steps)."""
     return driver.execute_script(
         "return Chart.getChart(document.getElementById('chart-samples')).options.plugins.markers.at;")
-
-
-# -- access rules (in-process proxy rig) ----------------------------------------------------------
-PAGES = ["", "/", "/sessions", "/sessions/x", "/learning", "/versions", "/api/live", "/api/learning",
-         "/static/chart.umd.js"]
-
-
-async def test_off_loopback_without_the_token_gets_401(make_rig):
-    rig = await make_rig(**{"proxy.host": "0.0.0.0", "proxy.control_token": "t0k"})
-    for page in PAGES:
-        async with rig.client.get(rig.url + "/clawproxy/ui" + page) as r:
-            assert r.status == 401, page
-            assert (await r.json())["error"]["type"] == "authentication_error"
-        async with rig.client.get(rig.url + "/clawproxy/ui" + page, headers={"Authorization": "Bearer t0k"}) as r:
-            assert r.status == (404 if page == "/sessions/x" else 200), page
-    async with rig.client.post(rig.url + "/clawproxy/ui/versions/rollback", data={"version": "0"}) as r:
-        assert r.status == 401
-
-
-async def test_a_post_without_the_csrf_token_is_refused(make_rig):
-    rig = await make_rig()
-    async with rig.client.get(rig.url + "/clawproxy/ui/versions") as r:
-        page = await r.text()
-    token = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
-    assert len(token) >= 32
-    url = rig.url + "/clawproxy/ui/versions/rollback"
-    same = {"Origin": rig.url}  # what a browser sends with the dashboard's own form
-    for form, headers in (({"version": "0"}, same), ({"version": "0", "csrf": "x" * 43}, same),
-                          ({"version": "0"}, {"X-CSRF-Token": token[:-1], **same})):
-        async with rig.client.post(url, data=form, headers=headers, allow_redirects=False) as r:
-            assert r.status == 403 and (await r.json())["error"]["code"] == "csrf"
-    # with the page's token the action goes through (here: refused for its bad version, not for CSRF)
-    for form, headers in (({"version": "v0", "csrf": token}, same),
-                          ({"version": "v0"}, {"X-CSRF-Token": token, "Sec-Fetch-Site": "same-origin"})):
-        async with rig.client.post(url, data=form, headers=headers, allow_redirects=False) as r:
-            assert r.status == 303 and "error=not+a+version" in r.headers["Location"]
-    async with rig.client.get(rig.url + "/clawproxy/ui/versions") as r:  # a new GET, the same token
-        assert token in await r.text()
-
-
-async def test_a_rebound_dns_name_cannot_read_the_dashboard_or_act(make_rig):
-    # DNS rebinding: evil.example resolves to 127.0.0.1, so the browser connects from loopback but
-    # sends the page's own name as Host and Origin. Neither a page nor a control route answers it.
-    rig = await make_rig(**{"proxy.allowed_hosts": ["clawproxy.lan"]})
-    port = rig.url.rsplit(":", 1)[1]
-    evil = {"Host": f"evil.example:{port}"}
-    for path in [*("/clawproxy/ui" + p for p in PAGES), "/clawproxy/stats", "/clawproxy/health", "/metrics"]:
-        async with rig.client.get(rig.url + path, headers=evil, allow_redirects=False) as r:
-            assert r.status == 403, path
-            assert (await r.json())["error"]["code"] == "host_not_allowed", path
-        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", f"clawproxy.lan:{port}",
-                     f"LocalHost:{port}"):
-            async with rig.client.get(rig.url + path, headers={"Host": host}, allow_redirects=False) as r:
-                assert r.status in (200, 302, 404), (path, host, r.status)  # /sessions/x: 404
-    async with rig.client.get(rig.url + "/clawproxy/ui/versions") as r:
-        token = (await r.text()).split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
-    url = rig.url + "/clawproxy/ui/versions/rollback"
-    form = {"version": "0", "csrf": token}
-    # the token alone is not enough: the action must come from a page of this origin
-    for headers in ({"Origin": "http://evil.example"}, {"Origin": f"http://evil.example:{port}"},
-                    {"Origin": "null"}, {}, {"Sec-Fetch-Site": "cross-site"},
-                    {"Sec-Fetch-Site": "same-site", "Origin": rig.url}):
-        async with rig.client.post(url, data=form, headers=headers, allow_redirects=False) as r:
-            assert r.status == 403, headers
-            assert (await r.json())["error"]["code"] == "cross_origin", headers
-    async with rig.client.post(url, data=form, allow_redirects=False,
-                               headers={**evil, "Origin": f"http://evil.example:{port}"}) as r:
-        assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
-    s = rig.store()
-    try:
-        assert s.events_of("rollback") == []  # nothing ran
-    finally:
-        s.close()
-
-
-async def test_a_slow_page_never_holds_up_the_proxy(make_rig, monkeypatch):
-    # every dashboard read runs on its own thread: a page stuck in the store for 2 s leaves the
-    # event loop, and so the requests it forwards, free
-    import asyncio
-    import threading
-
-    rig = await make_rig()
-    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    await rig.wait_recorded(1)
-    loop_thread = threading.current_thread()
-    seen: list[threading.Thread] = []
-
-    def slow(self, since):
-        seen.append(threading.current_thread())
-        time.sleep(2.0)
-        return {"turns": 1, "sessions": 1}
-
-    monkeypatch.setattr(Store, "turns_and_sessions_since", slow)
-    t0 = time.monotonic()
-    page = asyncio.create_task(rig.client.get(rig.url + "/clawproxy/ui/"))
-    await until(lambda: seen, "the page to be inside its slow store read")
-    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "meanwhile"}]})
-    took = time.monotonic() - t0
-    async with await page as r:
-        assert r.status == 200
-    assert status == 200 and took < 1.5, took
-    assert seen and all(t is not loop_thread for t in seen)
-
-
-async def test_recorded_text_is_escaped_and_any_session_id_has_a_page(make_rig):
-    rig = await make_rig()
-    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
-    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": evil}]},
-                                  {"session_id": "team/a b"})
-    assert status == 200
-    await rig.wait_recorded(1)
-    async with rig.client.get(rig.url + "/clawproxy/ui/sessions") as r:
-        listing = await r.text()
-    href = listing.split('href="/clawproxy/ui/sessions/', 1)[1].split('"', 1)[0]
-    async with rig.client.get(rig.url + "/clawproxy/ui/sessions/" + href) as r:
-        assert r.status == 200
-        page = await r.text()
-    assert "Session team/a b" in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
-    assert "<img" not in page
-
-
-async def test_a_gate_refusal_shows_as_the_trainers_state_and_is_marked(make_rig):
-    rig = await make_rig()
-    s = rig.store()
-    try:  # what the trainer records when its publish gate refuses a step
-        metrics = {"loss": 0.5, "kl": 9.0, "clip_frac": 0.1, "samples": 2,
-                   "gate": {"ok": False, "failed": ["kl_to_previous"]}}
-        step = s.record_step(method="combined", base_version=0, new_version=None, status="gate_failed",
-                             metrics=metrics, kinds={})
-    finally:
-        s.close()
-    async with rig.client.get(rig.url + "/clawproxy/ui/") as r:
-        page = await r.text()
-    assert 'id="trainer-state">gate refused<' in page
-    assert f"step {step} from v0: kl_to_previous" in page
-    async with rig.client.get(rig.url + "/clawproxy/ui/api/learning") as r:
-        data = await r.json()
-    assert [(st["id"], st["status"], st["failed"]) for st in data["steps"]] == [
-        (step, "gate_failed", ["kl_to_previous"])]
-    async with rig.client.get(rig.url + "/clawproxy/ui/learning") as r:
-        assert f"step {step} refused by the gate: kl_to_previous" in await r.text()
-
-
-async def test_query_parameters_out_of_range_are_a_json_400(make_rig):
-    rig = await make_rig()
-    status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    await rig.wait_recorded(1)
-    live = rig.url + "/clawproxy/ui/api/live?after="
-    for bad in ("99999999999999999999", "9223372036854775808", "-2", "abc", "1e3", "0x10"):
-        async with rig.client.get(live + bad) as r:
-            assert r.status == 400, bad
-            assert r.content_type == "application/json", bad
-            err = (await r.json())["error"]
-            assert (err["param"], err["code"]) == ("after", "invalid_query"), bad
-    for ok, n in (("-1", 0), ("0", 1), ("9223372036854775807", 0), ("", 1)):
-        async with rig.client.get(live + ok) as r:
-            assert r.status == 200, ok
-            assert len((await r.json())["turns"]) == n, ok
-
-
-async def test_the_sessions_page_shows_one_users_sessions(make_rig):
-    from clawproxy.proxy.app import ROUTER_KEY
-    from tests.proxy.test_users import _add_users, _bearer
-
-    rig = await make_rig()
-    keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
-    for name in keys:
-        status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-                                      {**_bearer(keys[name]), "session_id": "main"})
-        assert status == 200
-    await rig.wait_recorded(2)
-    async with rig.client.get(rig.url + "/clawproxy/ui/sessions?user=alice") as r:
-        listing = await r.text()
-    assert "alice/main" in listing and "bob/main" not in listing
-    assert '<option value="alice" selected>alice</option>' in listing  # the filter keeps its choice
-
-
-async def test_learning_and_versions_show_one_users_adapter_and_roll_back_only_its_chain(make_rig, monkeypatch):
-    from clawproxy.proxy import ui as ui_module
-    from tests.proxy.test_users import _add_users
-
-    rig = await make_rig()
-    _add_users(rig.cfg, ("alice", False), ("bob", False), ("carl", True))
-    s = rig.store()
-    try:  # what the trainer and `clawproxy rollback --user alice` record
-        shared = s.record_step(method="combined", base_version=0, new_version=5, status="published",
-                               metrics={}, kinds={}, checkpoint={"path": "/s", "kind": "lora", "gate": {"ok": True},
-                                                                 "engine": True})
-        ckpt = {"path": "/x", "kind": "lora", "gate": {"ok": True}, "engine": True}
-        a = s.record_step(method="combined", base_version=0, new_version=1, status="published",
-                          metrics={"loss": 0.1}, kinds={}, checkpoint=ckpt, owner="alice")
-        b = s.record_step(method="combined", base_version=0, new_version=2, status="published",
-                          metrics={"loss": 0.2}, kinds={}, checkpoint=ckpt, owner="bob")
-        s.record_rollback(3, "/x", "lora", target=0, from_version=1, engine=True, owner="alice")
-    finally:
-        s.close()
-    ui = rig.url + "/clawproxy/ui"
-    async with rig.client.get(ui + "/api/learning?user=alice") as r:
-        mine = await r.json()
-    assert [st["id"] for st in mine["steps"]] == [a]
-    assert [r["new_version"] for r in mine["rollbacks"]] == [3]
-    async with rig.client.get(ui + "/api/learning?user=bob") as r:
-        theirs = await r.json()
-    assert [st["id"] for st in theirs["steps"]] == [b] and theirs["rollbacks"] == []
-    async with rig.client.get(ui + "/api/learning") as r:
-        assert [st["id"] for st in (await r.json())["steps"]] == [shared, a, b]
-    for path in ("/api/learning?user=carol", "/learning?user=carol", "/versions?user=carol", "/sessions?user=carol"):
-        async with rig.client.get(ui + path) as r:
-            assert r.status == 404, path
-            assert "alice, bob" in (await r.json())["error"]["message"], path
-    async with rig.client.get(ui + "/learning?user=alice") as r:
-        page = await r.text()
-    assert '<option value="alice" selected>alice</option>' in page
-    # alice's page: her versions (the rollback serves v3), a rollback offered for v1 and the base, none for bob's v2
-    async with rig.client.get(ui + "/versions?user=alice") as r:
-        page = await r.text()
-    assert 'data-version="1"' in page and 'data-version="3"' in page and 'data-version="2"' not in page
-    assert 'id="rollback-1"' in page and 'id="rollback-0"' in page and 'id="rollback-3"' not in page
-    assert page.count('<input type="hidden" name="user" value="alice">') == 2
-    # carl shares and has no adapter of his own: the shared v5 serves him, and nothing of his can move
-    async with rig.client.get(ui + "/versions?user=carl") as r:
-        page = await r.text()
-    assert 'id="current-version">v5<' in page and 'id="rollback-' not in page
-    # everyone's page: no user adapter is rolled back from there (its rollback moves the shared chain)
-    async with rig.client.get(ui + "/versions") as r:
-        page = await r.text()
-    assert 'data-version="2"' in page and 'id="rollback-1"' not in page and 'id="rollback-2"' not in page
-    assert 'id="rollback-0"' in page  # the shared chain, serving v5, can go back to the base
-    token = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
-
-    argvs = []
-
-    class Done:
-        returncode = 0
-
-        async def communicate(self):
-            return b"now serving v4 to alice\n", b""
-
-    async def spawn(*argv, **_kw):
-        argvs.append(argv)
-        return Done()
-
-    monkeypatch.setattr(ui_module.asyncio, "create_subprocess_exec", spawn)
-    async with rig.client.post(ui + "/versions/rollback", data={"version": "1", "user": "alice", "csrf": token},
-                               headers={"Origin": rig.url}, allow_redirects=False) as r:
-        assert r.status == 303
-        assert r.headers["Location"].endswith("/versions?user=alice&done=now+serving+v4+to+alice")
-    assert argvs[0][3:7] == ("rollback", "1", "--user", "alice")
