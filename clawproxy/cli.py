@@ -45,11 +45,13 @@ def main() -> None:
 @click.option("--port", type=int, default=None, help="Proxy port (default 8080).")
 @click.option("--model", default=None, help="Model to serve: a name from `clawproxy models`, HF id, local dir or .gguf.")
 @click.option("--engine", "engine_kind", type=click.Choice(KINDS), default=None,
-              help="The engine to start: vllm (default) or embedded (transformers; where vLLM does not install).")
+              help="The engine to start: vllm (default), llamacpp (llama-server; build it with `make llamacpp`) "
+                   "or embedded (transformers; where vLLM does not install).")
 @click.option("--engine-port", type=int, default=None, help="Engine port (default 8081).")
-@click.option("--quantization", type=click.Choice(["auto", "none", "w4a16"]), default=None,
-              help="vLLM: serve 4-bit weights (w4a16) made from the model once; the trainer keeps the unquantized "
-                   "ones. auto (default): w4a16 on a CPU without native bfloat16.")
+@click.option("--quantization", type=click.Choice(["auto", "none", "w4a16", "q4_k_m"]), default=None,
+              help="Serve 4-bit weights; the trainer keeps the unquantized ones. vLLM: w4a16, made from the model "
+                   "once (auto, the default: on a CPU without native bfloat16). llamacpp: q4_k_m, the catalog "
+                   "model's own 4-bit file.")
 @click.option("--no-judge", is_flag=True, help="Do not run the judge worker.")
 @click.option("--no-train", is_flag=True, help="Do not run the trainer.")
 def start(config_path, data_dir, upstream, host, port, model, engine_kind, engine_port, quantization, no_judge,

@@ -12,7 +12,7 @@ Layout, under ``$CLAWPROXY_LLAMACPP_CACHE`` (default ``~/.cache/clawproxy/llama.
 
     <version>/src/                         the extracted llama.cpp tree
     <version>/src/build/bin/llama-server   the server, statically linked to ggml and llama
-    <version>/built                        stamp: the build finished
+    <version>/built                        stamp: the build finished, with these flags
 
 The build is native (``GGML_NATIVE``): a cache belongs to the machine that built it.
 """
@@ -37,8 +37,13 @@ SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SIZE = 76589250
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VERSION = "0.3.36"  # llama.cpp as vendored by that sdist (commit 0c1e570)
+# AMX tiles stay off: on an AMX CPU in a VM that does not grant them, loading 4-bit weights into
+# ggml's AMX buffers crashes llama-server (SIGSEGV, bench/results/i51); the AVX-512 kernels remain.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON",
-               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
+               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+STAMP = f"{VERSION} {' '.join(CMAKE_FLAGS)}\n"  # a build with other flags is built again
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,8 @@ def find(cache: Path | None = None) -> LlamaCpp | None:
     """The built llama.cpp in the cache, or None."""
     base = (cache or cache_dir()) / VERSION
     found = LlamaCpp(base / "src")
-    return found if (base / "built").exists() and found.server.exists() else None
+    stamp = base / "built"
+    return found if stamp.exists() and stamp.read_text() == STAMP and found.server.exists() else None
 
 
 def require(cache: Path | None = None) -> LlamaCpp:
@@ -171,7 +177,7 @@ def build(cache: Path | None = None, jobs: int | None = None, echo: bool = True)
         for step in steps:
             if subprocess.run(step, stdout=out, stderr=subprocess.STDOUT if out else None).returncode != 0:
                 raise ConfigError(f"building llama-server failed at `{' '.join(step)}`; its output is above")
-        (base / "built").write_text(VERSION + "\n")
+        (base / "built").write_text(STAMP)
         return LlamaCpp(src)
 
 

@@ -187,3 +187,26 @@ def test_a_streamed_answer_records_every_token_and_a_cancelled_one_frees_the_ser
     t0 = time.monotonic()
     assert chat(url, ask(max_tokens=2))[0] == 200
     assert time.monotonic() - t0 < 60
+
+
+def test_the_build_refuses_a_source_that_is_not_the_pinned_one(served, tmp_path):
+    from clawproxy.engine import llamacpp_build as b
+    from clawproxy.errors import ConfigError
+
+    fake = tmp_path / b.SDIST_FILE
+    fake.write_bytes(b"not the source")
+    with pytest.raises(ConfigError, match="not the pinned source"):
+        b._check_sdist(fake)
+    with pytest.raises(ConfigError, match="make llamacpp"):
+        b.require(tmp_path / "empty-cache")
+    src = tmp_path / "src"
+    (src / "tools" / "server").mkdir(parents=True)
+    (src / "tools" / "server" / "server-context.cpp").write_text("// another llama.cpp\n")
+    with pytest.raises(ConfigError, match="patch anchor"):
+        b.patch(src)
+    built = b.find()
+    assert built is not None  # the served fixture built it
+    before = (built.root / "tools" / "server" / "server-context.cpp").read_text()
+    b.patch(built.root)  # applied once: a second time changes nothing
+    assert (built.root / "tools" / "server" / "server-context.cpp").read_text() == before
+    assert "clawproxy: the token's id" in before
