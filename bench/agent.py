@@ -8,7 +8,7 @@ OpenClaw's `lean` profile (read, write, edit, exec). A program checks each outco
 (agent_tasks.malformed) and how each answer finished (stop, length, tool_calls).
 
     .venv/bin/python bench/agent.py --split heldout --out bench/results/agent-heldout.jsonl
-    .venv/bin/python bench/agent.py --url http://127.0.0.1:8080 --data-dir clawproxy-data --kind read --limit 2
+    .venv/bin/python bench/agent.py --url http://127.0.0.1:8080 --data-dir clawproxy-data --category read --limit 2
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from _env import ROOT, reserve_port
 from openclaw_models import wait_ready
 
 from clawproxy.simulate.agent_tasks import (
-    KINDS,
+    CATEGORIES,
     SPLITS,
     Outcome,
     Task,
@@ -134,7 +134,7 @@ def run_task(task: Task, openclaw, home: Path, cfg_path: Path, db: Path, scratch
     keep(ws, scratch / "done", task.id)  # kept for a look at what the agent did
     bad = [{"turn_id": t["id"], "why": why} for t in turns if (why := malformed(t))]
     return {
-        "id": task.id, "split": task.split, "kind": task.kind, "ok": verdict.ok, "why": verdict.why,
+        "id": task.id, "split": task.split, "kind": task.category, "ok": verdict.ok, "why": verdict.why,
         "status": env.get("status") or f"exit {r.returncode}", "final": (env.get("final") or "")[:400],
         "tool_calls": called, "openclaw_tool_calls": summary.get("calls"), "tool_failures": summary.get("failures"),
         "malformed": bad, "finish_reasons": [t["finish_reason"] for t in turns],
@@ -180,14 +180,15 @@ def run_tasks(tasks: list[Task], openclaw, home: Path, cfg_path: Path, db: Path,
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per kind: success, tool calls (by name), malformed calls, how answers finished, wall time."""
+    """Per task category (the rows' "kind"): success, tool calls (by name), malformed calls, how
+    answers finished, wall time."""
     out: dict[str, Any] = {}
-    for kind in KINDS:
-        rs = [r for r in rows if r["kind"] == kind]
+    for category in CATEGORIES:
+        rs = [r for r in rows if r["kind"] == category]
         if not rs:
             continue
         walls = [r["wall_s"] for r in rs]
-        out[kind] = {
+        out[category] = {
             "tasks": len(rs), "success": round(sum(r["ok"] for r in rs) / len(rs), 3),
             "tool_calls": sum(len(r["tool_calls"]) for r in rs),
             "tool_calls_by_name": dict(Counter(n for r in rs for n in r["tool_calls"])),
@@ -203,9 +204,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def print_table(summary: dict[str, Any]) -> None:
     print(f"{'kind':<9} {'n':>3} {'success':>8} {'calls':>6} {'malformed':>9} {'stop':>5} {'length':>6} "
           f"{'wall s':>7}  calls by tool")
-    for kind, s in summary.items():
+    for category, s in summary.items():
         fin = s["answer_finish"]
-        print(f"{kind:<9} {s['tasks']:>3} {s['success']:>8.2f} {s['tool_calls']:>6} {s['malformed']:>9} "
+        print(f"{category:<9} {s['tasks']:>3} {s['success']:>8.2f} {s['tool_calls']:>6} {s['malformed']:>9} "
               f"{fin.get('stop', 0):>5} {fin.get('length', 0):>6} {s['wall_s_mean']:>7.1f}  "
               f"{json.dumps(s['tool_calls_by_name'])}")
 
@@ -228,8 +229,9 @@ def start_proxy(args, tmp: Path) -> tuple[subprocess.Popen, str, Path]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="heldout", choices=SPLITS)
-    ap.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable; default all)")
-    ap.add_argument("--limit", type=int, default=None, help="at most N tasks of each kind")
+    ap.add_argument("--category", "--kind", dest="category", action="append", choices=CATEGORIES,
+                    help="only this task category (repeatable; default all; --kind is its old name)")
+    ap.add_argument("--limit", type=int, default=None, help="at most N tasks of each category")
     ap.add_argument("--id", action="append", help="only this task id (repeatable)")
     ap.add_argument("--url", default=None, help="a running clawproxy to use instead of starting one")
     ap.add_argument("--data-dir", default="clawproxy-data",
@@ -246,13 +248,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.url and (args.model or args.quantization):
         ap.error("--model and --quantization start a proxy; with --url the running one serves as it is")
 
-    tasks = load_tasks(split=args.split, kinds=tuple(args.kind) if args.kind else None)
+    tasks = load_tasks(split=args.split, categories=tuple(args.category) if args.category else None)
     if args.id:
         tasks = [t for t in tasks if t.id in args.id]
     if args.limit is not None:
-        tasks = [t for k in KINDS for t in [t for t in tasks if t.kind == k][: args.limit]]
+        tasks = [t for c in CATEGORIES for t in [t for t in tasks if t.category == c][: args.limit]]
     if not tasks:
-        raise SystemExit("no task matches --split/--kind/--id")
+        raise SystemExit("no task matches --split/--category/--id")
 
     from click.testing import CliRunner
 

@@ -12,7 +12,7 @@ success is measured every few interactions through the same proxy.
   batch), then runs the held-out tasks with a second OpenClaw config made by `openclaw-config
   --no-learn`: routed to the same adapter, recorded, never judged or trained on.
 - ``--oracle``: the judge is off and each task's main turns get the check's verdict (+1 / -1, the
-  kind's rule as the hint) once the reaction has linked, through the same store and trainer.
+  category's rule as the hint) once the reaction has linked, through the same store and trainer.
 
     .venv/bin/python bench/agent_learn.py --seed 0 --out bench/results/i38/learn-seed0
     .venv/bin/python bench/agent_learn.py --seed 0 --interactions 4 --eval-every 4 --eval-limit 1  # a smoke run
@@ -36,7 +36,7 @@ from agent import last_turn_id, run_task, run_tasks, summarize
 
 from clawproxy.errors import ClawproxyError
 from clawproxy.httpjson import request_json
-from clawproxy.simulate.agent_tasks import KINDS, Verdict, load_tasks
+from clawproxy.simulate.agent_tasks import CATEGORIES, Verdict, load_tasks
 from clawproxy.simulate.agent_user import ORACLE_HINTS, react, reaction_message
 from clawproxy.simulate.system import System
 
@@ -135,7 +135,7 @@ def samples(store, interactions: list[dict[str, Any]]) -> dict[str, int]:
     c = Counter()
     for r in turns_by_id(store, ids):
         f = fates[r["id"]]
-        c[f"trained:{f['kind']}" if f["kind"] is not None else f"skipped:{f['skipped']}" if f["skipped"]
+        c[f"trained:{f['objective']}" if f["objective"] is not None else f"skipped:{f['skipped']}" if f["skipped"]
           else f"not_trainable:{r['reason']}" if not r["trainable"] else "waiting"] += 1
     return dict(sorted(c.items()))
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--interactions", type=int, default=36)
     ap.add_argument("--eval-every", type=int, default=12)
     ap.add_argument("--eval-split", default="heldout", choices=["heldout", "validation"])
-    ap.add_argument("--eval-limit", type=int, default=None, help="at most N measured tasks of each kind")
+    ap.add_argument("--eval-limit", type=int, default=None, help="at most N measured tasks of each category")
     ap.add_argument("--oracle", action="store_true", help="the check's verdict as the reward (judge off)")
     ap.add_argument("--profile", default="lean", choices=["lean", "default", "chat"])
     ap.add_argument("--config", default=None, help="clawproxy config (default configs/default.yaml)")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     random.Random(args.seed).shuffle(train)
     held = load_tasks(split=args.eval_split)
     if args.eval_limit is not None:
-        held = [t for k in KINDS for t in [t for t in held if t.kind == k][: args.eval_limit]]
+        held = [t for c in CATEGORIES for t in [t for t in held if t.category == c][: args.eval_limit]]
     rng = random.Random(args.seed)
 
     from clawproxy.simulate.run import StoreView
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if args.oracle:
                     for t in turns_by_id(store, row["turn_ids"]):
                         if wait_linked(store, t["id"], 10):
-                            store.add_judgment(t["id"], intended, None if row["ok"] else ORACLE_HINTS[task.kind], "oracle")
-                it = {"i": i + 1, "id": task.id, "kind": task.kind, "ok": row["ok"], "why": row["why"],
+                            store.add_judgment(t["id"], intended, None if row["ok"] else ORACLE_HINTS[task.category], "oracle")
+                it = {"i": i + 1, "id": task.id, "kind": task.category, "ok": row["ok"], "why": row["why"],
                       "tool_calls": row["tool_calls"], "malformed": row["malformed"], "reaction": reaction,
                       "intended": intended, "reaction_status": status, "linked": linked,
                       "final_turn_id": final["id"] if final else None, "turn_ids": row["turn_ids"],

@@ -66,8 +66,8 @@ def seed_store(path: Path, turns: int) -> None:
     for v in range(1, turns // 16 + 1):
         ids = list(range((v - 1) * 16 + 1, v * 16 + 1))
         store.record_step(method="combined", base_version=v - 1, new_version=v, status="published",
-                          metrics={"loss": 0.1, "kl": 0.01, "reload_s": 0.6}, kinds=dict.fromkeys(ids, "rl"),
-                          checkpoint={"path": f"/seed/v{v}", "kind": "full", "gate": {}, "engine": True})
+                          metrics={"loss": 0.1, "kl": 0.01, "reload_s": 0.6}, objectives=dict.fromkeys(ids, "rl"),
+                          checkpoint={"path": f"/seed/v{v}", "format": "full", "gate": {}, "engine": True})
     store.close()
 
 

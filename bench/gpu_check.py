@@ -120,19 +120,19 @@ def make_batch(tokenizer, prompt_tokens: int, completion_tokens: int, n: int, lr
 
     tools_as_text = engine_spec("vllm").tools_as_text  # the default engine renders the prompts
     rng = random.Random(0)
-    kinds = ["rl_opd", "rl", "opd", "rl"]
+    objectives = ["rl_opd", "rl", "opd", "rl"]
     bodies = session(tokenizer, prompt_tokens)
     samples = []
     for i in range(n):
-        body, kind = bodies[i % len(bodies)], kinds[i % len(kinds)]
+        body, objective = bodies[i % len(bodies)], objectives[i % len(objectives)]
         params = {k: v for k, v in body.items() if k not in ("messages", "tools", "model", "stream")}
         prompt = prompt_ids(tokenizer, body["messages"], body.get("tools"), params, tools_as_text=tools_as_text)
         completion = [rng.randrange(3, len(tokenizer)) for _ in range(completion_tokens)]
         samples.append(Sample(
             turn_id=i + 1, prompt_ids=prompt, completion_ids=completion,
             behaviour_logps=[-rng.uniform(0.5, 3.0) for _ in completion], score=1 if i % 2 else -1,
-            hint=HINT if kind != "rl" else None, weight_version=0, messages=body["messages"],
-            tools=body.get("tools"), params=params, kind=kind, tools_as_text=tools_as_text,
+            hint=HINT if objective != "rl" else None, weight_version=0, messages=body["messages"],
+            tools=body.get("tools"), params=params, objective=objective, tools_as_text=tools_as_text,
         ))
     return Batch(serving=None, samples=samples, baselines={}, lr=lr, skipped={})  # type: ignore[arg-type]
 

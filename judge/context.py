@@ -79,7 +79,7 @@ ASKS = cue_rx(
 _DAY = r"monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun"
 _MONTH = (r"january|february|march|april|may|june|july|august|september|october|november|december|"
           r"jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec")
-VALUE_KINDS = {
+VALUE_PATTERNS = {
     "day": re.compile(rf"\b(?:{_DAY}|today|tonight|tomorrow)\b", _I),
     "month": re.compile(rf"\b(?:{_MONTH})\b", _I),
     "time": re.compile(r"\b\d{1,2}(?::\d{2})?\s*(?:am|pm)\b|\b\d{1,2}:\d{2}\b|\b\d{1,2}\s*o'?clock\b", _I),
@@ -110,14 +110,14 @@ def asks(reply: str) -> bool:
 
 
 def _values(text: str) -> dict[str, set[str]]:
-    return {kind: {v.lower().replace(" ", "") for v in rx.findall(text)} for kind, rx in VALUE_KINDS.items()}
+    return {name: {v.lower().replace(" ", "") for v in rx.findall(text)} for name, rx in VALUE_PATTERNS.items()}
 
 
 def names_other_value(reply: str, response: str) -> bool:
     """The reply names a day, month, time or number the answer has a different one of in its place
     ("saturday!!" after "booked for Sunday", "3" after "for 1 night")."""
     mine, theirs = _values(_norm(reply)), _values(_norm(response))
-    return any(mine[k] - theirs[k] and theirs[k] - mine[k] for k in VALUE_KINDS)
+    return any(mine[k] - theirs[k] and theirs[k] - mine[k] for k in VALUE_PATTERNS)
 
 
 def declines(reply: str) -> bool:

@@ -29,7 +29,8 @@ why a turn does not train), written to ``skipped_samples`` so it is counted once
 - ``no_teacher``         a distillation-only sample whose hinted prompt the chat template cannot render
                          (checked by the trainer): it would train nothing
 
-Each selected sample has a kind, recorded with it in ``trained_samples.kind`` so it is countable:
+Each selected sample has an objective (``Sample.objective``), recorded with it in the
+``trained_samples.kind`` column so it is countable:
 
 - ``rl``      a +1/-1 score and no hint (or method ``rl``): binary RL alone
 - ``rl_opd``  a +1/-1 score and a hint (combined): the RL term and the OPD term
@@ -66,7 +67,7 @@ class Sample:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     params: dict[str, Any] | None = None  # the request's other body fields (tool_choice, ...)
-    kind: str = "rl"  # rl | rl_opd | opd: which loss terms it gets (module docstring)
+    objective: str = "rl"  # rl | rl_opd | opd: which loss terms it gets (module docstring)
     # the instruction the proxy added upstream (clawproxy/proxy/trying.py): the recorded prompt ids
     # hold it, the student's prompt must not (``student_prompt_ids``)
     served_instruction: str | None = None
@@ -83,7 +84,7 @@ class Selection:
     skipped: dict[int, str]  # turn_id -> reason
 
 
-def sample_kind(row: dict[str, Any], cfg: TrainerConfig) -> str:
+def sample_objective(row: dict[str, Any], cfg: TrainerConfig) -> str:
     """Which loss terms a selected candidate gets (``rl`` / ``rl_opd`` / ``opd``)."""
     if cfg.method == "rl":
         return "rl"
@@ -123,7 +124,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 messages=row["request_messages"],
                 tools=row["request_tools"],
                 params=row["request_params"] if isinstance(row["request_params"], dict) else None,
-                kind=sample_kind(row, cfg),
+                objective=sample_objective(row, cfg),
                 tools_as_text=tools_as_text,
                 served_instruction=(row.get("instruction") or "").strip() or None,
             )

@@ -39,11 +39,11 @@ from clawproxy.users import adapter_name
 class Version:
     version: int
     path: Path
-    kind: str  # full | lora
+    format: str  # full | lora (the checkpoints table's kind column)
 
     @property
     def lora(self) -> bool:
-        return self.kind == "lora"
+        return self.format == "lora"
 
 
 def checkpoints_root(data_dir: Path) -> Path:
@@ -56,7 +56,7 @@ def current_version(store: Store, base_dir: Path, owner: str | None = None) -> V
     row = store.adapter_for(owner)
     if row is None:
         return Version(0, Path(base_dir), "full")
-    return Version(int(row["version"]), Path(row["path"]), row["kind"])
+    return Version(int(row["version"]), Path(row["path"]), row["format"])
 
 
 def version_info(store: Store, version: int, base_dir: Path) -> Version:
@@ -71,7 +71,7 @@ def version_info(store: Store, version: int, base_dir: Path) -> Version:
             f"checkpoint v{version} was deleted (only the last trainer.keep_checkpoints are kept); "
             "pick a newer version or 0 (the base model)."
         )
-    return Version(version, path, row["kind"])
+    return Version(version, path, row["format"])
 
 
 def next_version(store: Store) -> int:
@@ -148,8 +148,8 @@ def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | No
     source = version_info(store, target, base_dir)
     new = next_version(store)
     if engine is not None:
-        publish(engine, Version(new, source.path, source.kind), current, base_dir, owner)
-    store.record_rollback(new, str(source.path), source.kind, target=target, from_version=current.version,
+        publish(engine, Version(new, source.path, source.format), current, base_dir, owner)
+    store.record_rollback(new, str(source.path), source.format, target=target, from_version=current.version,
                           engine=engine is not None, owner=owner)
     return new, source
 
@@ -162,8 +162,8 @@ class CheckpointInvalid(EngineError):
     type = "invalid_checkpoint"
 
 
-def validate_checkpoint(path: Path, kind: str, base_dir: Path | None = None) -> None:
-    """Raise CheckpointInvalid unless ``path`` is a complete checkpoint of ``kind``.
+def validate_checkpoint(path: Path, format: str, base_dir: Path | None = None) -> None:
+    """Raise CheckpointInvalid unless ``path`` is a complete checkpoint of ``format`` (lora | full).
 
     Reads every safetensors header (safetensors also checks the file is as long as the header
     says: a file cut short by a full disk fails here) and, for a
@@ -172,7 +172,7 @@ def validate_checkpoint(path: Path, kind: str, base_dir: Path | None = None) -> 
     from safetensors import safe_open
 
     path = Path(path)
-    config = "adapter_config.json" if kind == "lora" else "config.json"
+    config = "adapter_config.json" if format == "lora" else "config.json"
     try:
         json.loads((path / config).read_text())
     except (OSError, ValueError) as e:
@@ -188,7 +188,7 @@ def validate_checkpoint(path: Path, kind: str, base_dir: Path | None = None) -> 
                     shapes[name] = tuple(st.get_slice(name).get_shape())
         except Exception as e:  # safetensors' own errors: bad header, file shorter than it says
             raise CheckpointInvalid(f"checkpoint {path}: {f.name} unreadable ({e})") from None
-    if kind == "lora":
+    if format == "lora":
         if not any("lora_A" in n for n in shapes) or not any("lora_B" in n for n in shapes):
             raise CheckpointInvalid(f"checkpoint {path}: no lora_A/lora_B tensors in the adapter")
         return
@@ -232,7 +232,7 @@ def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None
 
     Raises CheckpointInvalid (the engine was not asked) or the engine's EngineError (the engine
     serves ``last_good`` again, or, if even that failed, the message says so)."""
-    validate_checkpoint(new.path, new.kind, base_dir)
+    validate_checkpoint(new.path, new.format, base_dir)
     with as_adapter(engine, owner):
         try:
             engine.load_weights(str(new.path), new.version, lora=new.lora)

@@ -197,7 +197,7 @@ def collect_stats(store: Any, user: str | None = None) -> dict[str, Any]:
         "rollbacks": rollbacks,
         "judge": store.judge_summary(),
         "skipped_by_reason": store.skipped_by_reason(),
-        "trained_by_kind": store.trained_by_kind(),
+        "trained_by_kind": store.trained_by_objective(),
         "steps": sum(store.step_counts().values()),
     }
 

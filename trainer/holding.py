@@ -65,7 +65,7 @@ class Holding:
         self._adam().state.clear()
         self.moments.pop(self.owner, None)
         self.owner = None
-        self.current = Version(-1, self.base_dir, self.current.kind)
+        self.current = Version(-1, self.base_dir, self.current.format)
 
     def keep_moments_of(self, owners: tuple[str | None, ...]) -> None:
         """Forget the saved moments of owners that are gone (a removed user)."""

@@ -112,14 +112,14 @@ def train_step(policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, c
     Each process takes every world-th sample and accumulates the gradients of the clipped surrogate
     over micro-batches; then the gradients are clipped and AdamW steps (skipped when the loss or the
     gradient norm is not finite: the gate refuses that step anyway). Per sample, the RL term is
-    ``score - baseline`` (0 for a distillation-only sample, kind ``opd``) and the OPD term
+    ``score - baseline`` (0 for a distillation-only sample, objective ``opd``) and the OPD term
     ``clip(teacher - student)`` on the recorded tokens (0 without a hint)."""
     acc, samples = policy.accelerator, batch.samples
     t0 = time.perf_counter()
     for group in optimizer.param_groups:
         group["lr"] = batch.lr
     m = StepMetrics(
-        samples=len(samples), kinds=dict(Counter(s.kind for s in samples)),
+        samples=len(samples), objectives=dict(Counter(s.objective for s in samples)),
         score_mean=sum(s.score for s in samples) / len(samples),
         score_baseline=sum(batch.baselines.values()) / len(batch.baselines) if batch.baselines else 0.0,
         skipped=batch.skipped, kl_to_reference=cfg.kl_coef > 0, lr=batch.lr,
@@ -209,7 +209,7 @@ def packing(policy: Policy, cfg: TrainerConfig) -> bool:
 
 def _rl_score(s: Sample) -> int:
     """The score the RL term uses: 0 for a distillation-only sample."""
-    return 0 if s.kind == "opd" else s.score
+    return 0 if s.objective == "opd" else s.score
 
 
 # -- what the main process reads for a step ----------------------------------------------------
@@ -259,7 +259,7 @@ def teacher_problem(tokenizer: Any, cfg: TrainerConfig, s: Sample) -> str | None
         return None
     ids = teacher_prompt_ids(tokenizer, s)
     if ids is None:
-        return "no_teacher" if s.kind == "opd" else None
+        return "no_teacher" if s.objective == "opd" else None
     return "teacher_too_long" if len(ids) + len(s.completion_ids) > cfg.max_seq_len else None
 
 

@@ -38,7 +38,7 @@ class StepMetrics:
     passes: float = _summed()  # forward/backward passes of the policy
     # the batch and the update
     samples: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
+    objectives: dict[str, int] = field(default_factory=dict)  # samples per objective: rl, rl_opd, opd
     score_mean: float = 0.0
     score_baseline: float = 0.0
     skipped: dict[str, int] = field(default_factory=dict)
@@ -98,7 +98,7 @@ class StepMetrics:
             "opd_samples": int(self.opd_samples),
             "opd_gap_mean": self.opd_gap_sum / max(self.opd_tokens, 1.0),
             "score_mean": self.score_mean,
-            "kinds": self.kinds,
+            "kinds": self.objectives,  # the stored metrics key: existing databases and reports read it
             "score_baseline": self.score_baseline,
             "lr": self.lr,
             "grad_norm": self.grad_norm,

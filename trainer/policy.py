@@ -170,16 +170,16 @@ class Teacher:
     """Gives the OPD teacher's forward pass (and the KL reference's) for a policy."""
 
     def __init__(self, cfg: TrainerConfig, policy: torch.nn.Module, base_dir: Path, device: Any):
-        self.kind = cfg.teacher
+        self.weights = cfg.teacher  # which weights teach: base | ema | current (trainer.teacher)
         self.rate = cfg.ema_rate
         self.policy = policy
         self.is_lora = hasattr(policy, "peft_config")
         self._copy: torch.nn.Module | None = None  # base or ema weights, full fine-tuning only
         self._ema_callback: Any = None
         self._steps = 0
-        needs_base = self.kind == "base" or cfg.kl_coef > 0
+        needs_base = self.weights == "base" or cfg.kl_coef > 0
         if self.is_lora:
-            if self.kind == "ema":
+            if self.weights == "ema":
                 from trl.import_utils import TRLExperimentalWarning
 
                 with warnings.catch_warnings():
@@ -192,7 +192,7 @@ class Teacher:
                 )
                 self._ema_callback._initialize_teacher_adapter()
         else:
-            if self.kind == "ema":
+            if self.weights == "ema":
                 self._copy = copy.deepcopy(policy).eval().requires_grad_(False)
             elif needs_base:
                 from transformers import AutoModelForCausalLM
@@ -201,7 +201,7 @@ class Teacher:
                     AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=next(policy.parameters()).dtype)
                     .to(device).eval().requires_grad_(False)
                 )
-        self._base_copy = self._copy if self.kind == "base" else None
+        self._base_copy = self._copy if self.weights == "base" else None
         if cfg.kl_coef > 0 and not self.is_lora and self._base_copy is None:
             from transformers import AutoModelForCausalLM
 
@@ -215,10 +215,10 @@ class Teacher:
         """The model to score the hinted prompt with (use under ``torch.no_grad``)."""
         from trl.trainer.utils import use_adapter
 
-        if self.kind == "current":
+        if self.weights == "current":
             yield policy
         elif self.is_lora:
-            with use_adapter(unwrap(policy), None if self.kind == "base" else TEACHER_ADAPTER):
+            with use_adapter(unwrap(policy), None if self.weights == "base" else TEACHER_ADAPTER):
                 yield policy
         else:
             assert self._copy is not None
@@ -239,7 +239,7 @@ class Teacher:
     def restart(self) -> None:
         """Start the EMA teacher over (as a restarted trainer does): after the policy turned to
         another owner's adapter, whose teacher must not average in the last owner's weights."""
-        if self.kind != "ema" or not self.is_lora:  # full fine-tuning has one owner (users need LoRA)
+        if self.weights != "ema" or not self.is_lora:  # full fine-tuning has one owner (users need LoRA)
             return
         from peft import set_peft_model_state_dict
 
@@ -255,7 +255,7 @@ class Teacher:
     def after_step(self, policy: torch.nn.Module) -> None:
         """Advance the EMA teacher after a published step."""
         self._steps += 1
-        if self.kind != "ema":
+        if self.weights != "ema":
             return
         if self.is_lora:
             self._ema_callback.on_step_end(None, SimpleNamespace(global_step=self._steps), None)

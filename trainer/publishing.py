@@ -86,7 +86,7 @@ class Publisher:
                     publish(self.engine, new, held.current, self.base_dir, held.owner)
                     m.reload_s = time.perf_counter() - t_reload  # /metrics: engine reload durations
                 else:
-                    validate_checkpoint(out_dir, new.kind, self.base_dir)
+                    validate_checkpoint(out_dir, new.format, self.base_dir)
             except EngineError as e:
                 log.error("engine did not take v%d: %s; keeping v%d", version, e.message, held.current.version)
                 m.engine_error = e.message
@@ -129,8 +129,8 @@ class Publisher:
         published = status == "published" and version is not None
         return self.store.record_step(
             method=self.tcfg.method, base_version=held.current.version, new_version=version, status=status,
-            metrics=_jsonable(m.as_dict()), kinds={s.turn_id: s.kind for s in samples},
-            checkpoint={"path": str(out_dir), "kind": "lora" if self.is_lora else "full",
+            metrics=_jsonable(m.as_dict()), objectives={s.turn_id: s.objective for s in samples},
+            checkpoint={"path": str(out_dir), "format": "lora" if self.is_lora else "full",
                         "gate": _jsonable(m.gate), "engine": self.engine is not None} if published else None,
             owner=held.owner,
         )

@@ -166,7 +166,7 @@ class ModelRouter:
     def _route(self, row: dict[str, Any] | None, name: str) -> Route:
         if row is None:
             return self._base
-        if row["kind"] != "lora":  # a full checkpoint is the base model's own weights
+        if row["format"] != "lora":  # a full checkpoint is the base model's own weights
             return Route(self.base, None, int(row["version"]))
         if row["path"] in self._broken:
             return self._base

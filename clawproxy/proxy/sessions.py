@@ -161,7 +161,7 @@ def identify(headers: dict[str, str], body: dict[str, Any]) -> Identity:
 
 # -- classification ------------------------------------------------------------------------------
 def classify(body: dict[str, Any], stream: bool) -> str | None:
-    """The side kind of a request (docs/openclaw-wire.md §2.7), or None for a main turn.
+    """What a side request is for (its side_kind column, docs/openclaw-wire.md §2.7), or None for a main turn.
 
     Unknown requests are main: defaulting to side would silently never train on them.
     """
@@ -362,8 +362,8 @@ class SessionTracker:
         now = rec["created_at"]
         ident = identify(rec.get("session_headers") or {}, body) if body else Identity(None, None)
         user = rec.get("user")
-        side_kind = classify(body, bool(rec.get("stream"))) if messages else None
-        kind = "side" if side_kind else "main"
+        side_purpose = classify(body, bool(rec.get("stream"))) if messages else None
+        turn_type = "side" if side_purpose else "main"
 
         prompt = strip_ctx(messages)
         hashes = prefix_hashes(prompt) if messages else []
@@ -389,20 +389,20 @@ class SessionTracker:
             retry_of = seen
             if sid is None and seen.session_id is not None:
                 sid, source = seen.session_id, "retry"
-        if sid is None and messages and kind == "main":
+        if sid is None and messages and turn_type == "main":
             sid, source = f"{user + '/' if user else ''}anon-{uuid.uuid4().hex[:12]}", "new"
         retried = None
         if retry_of and retry_of.status == "ok":
-            kind = "retry"
+            turn_type = "retry"
         elif retry_of:
             # The earlier copy failed: it becomes the retry, this one is the turn we keep.
             retried = retry_of.turn_id
 
-        state = recorded_state(rec, kind)
+        state = recorded_state(rec, turn_type)
         row = {k: rec.get(k) for k in _TURN_FIELDS}
         row["user"] = user
         row.update(
-            session_id=sid, kind=kind, side_kind=side_kind, compaction=ident.compaction, reason=state,
+            session_id=sid, kind=turn_type, side_kind=side_purpose, compaction=ident.compaction, reason=state,
             request_messages=messages or None,
             request_tools=body.get("tools"),
             request_params={k: v for k, v in body.items() if k not in ("messages", "tools")} or None,
@@ -413,11 +413,11 @@ class SessionTracker:
             # main session and would otherwise keep its last main turn waiting forever.
             session = {"id": sid, "source": source or "new", "session_key": ident.session_key,
                        "agent": ident.agent, "compaction": ident.compaction, "seen_at": now,
-                       "active": side_kind is None, "user": user}
+                       "active": side_purpose is None, "user": user}
             st = self._state(store, sid, retried)
             row["turn_index"] = st.next_index
             st.next_index += 1
-            if kind == "main" and messages:
+            if turn_type == "main" and messages:
                 previous = self._link(st, messages, hashes)
         # Everything above only read; the writes go in one transaction. On failure the caller
         # forgets the cached state, which is then ahead of the store.
@@ -425,9 +425,9 @@ class SessionTracker:
         if turn_id is None:  # another writer stored this request meanwhile
             self.forget()
             return None
-        if bh and messages and kind != "retry":
+        if bh and messages and turn_type != "retry":
             self._remember(self._recent, _own(user, bh), _Seen(turn_id, now, rec["status"], sid))
-        if st is not None and kind == "main" and messages and rec["status"] == "ok":
+        if st is not None and turn_type == "main" and messages and rec["status"] == "ok":
             st.pending = _Pending(turn_id, len(prompt), hashes[-1], state)
             self._remember(self._prefix_index, _own(user, hashes[-1]), sid)
         return turn_id

@@ -1,7 +1,8 @@
 """The agent benchmark's tasks (``agent_tasks.jsonl``), the programs that check them, and the check
 for malformed tool calls in recorded turns (bench/agent.py runs them through the real OpenClaw).
 
-Four kinds of task, each checked by a program, never by a model:
+Four categories of task (``Task.category``; the JSONL field is ``kind``), each checked by a program,
+never by a model:
 - ``question``: a plain question; the answer matches ``expect`` and no tool was called;
 - ``read``: a file placed in the workspace holds a fact the answer must carry (``expect``);
 - ``write``: a file is written or edited; its content afterwards must match ``file_expect``;
@@ -27,9 +28,9 @@ from typing import Any
 from clawproxy.engine.toolcalls import WRAPPERS, tool_names
 
 TASKS_PATH = Path(__file__).with_name("agent_tasks.jsonl")
-KINDS = ("question", "read", "write", "command")
+CATEGORIES = ("question", "read", "write", "command")
 SPLITS = ("train", "validation", "heldout")
-ANSWER_KINDS = ("question", "read", "command")
+ANSWER_CATEGORIES = ("question", "read", "command")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class FileExpect:
 class Task:
     id: str
     split: str
-    kind: str
+    category: str  # question | read | write | command (the JSONL's "kind")
     prompt: str
     # workspace path -> its text, or a generator: {"lines": "row {i}", "n": 40} or
     # {"ints": 50, "lo": 1, "hi": 999, "seed": 7} (one integer a line)
@@ -59,17 +60,17 @@ class Task:
 
     def __post_init__(self) -> None:
         where = f"task {self.id!r}"
-        if self.kind not in KINDS:
-            raise ValueError(f"{where}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"{where}: category {self.category!r} is not one of {', '.join(CATEGORIES)}")
         if self.split not in SPLITS:
             raise ValueError(f"{where}: split {self.split!r} is not one of {', '.join(SPLITS)}")
         if not self.prompt.strip():
             raise ValueError(f"{where}: empty prompt")
         for p in self.files:
             _check_path(p, where)
-        if self.kind in ANSWER_KINDS:
+        if self.category in ANSWER_CATEGORIES:
             if self.expect is None or self.answer is None:
-                raise ValueError(f"{where}: a {self.kind} task needs expect and answer")
+                raise ValueError(f"{where}: a {self.category} task needs expect and answer")
             re.compile(self.expect)
         else:
             if self.file_expect is None or self.solution is None:
@@ -77,14 +78,15 @@ class Task:
             _check_path(self.file_expect.path, where)
             for rx in (*self.file_expect.all, *self.file_expect.none):
                 re.compile(rx)
-        if self.kind in ("read", "command") and not self.files:
-            raise ValueError(f"{where}: a {self.kind} task needs a file in its workspace")
-        if self.kind == "command" and not self.reference_command:
+        if self.category in ("read", "command") and not self.files:
+            raise ValueError(f"{where}: a {self.category} task needs a file in its workspace")
+        if self.category == "command" and not self.reference_command:
             raise ValueError(f"{where}: a command task needs its reference_command")
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Task:
         fe = d.get("file_expect")
+        d = {k: v for k, v in d.items() if k != "kind"} | {"category": d["kind"]}  # the file keeps its field name
         return cls(**{**d, "file_expect": FileExpect(fe["path"], tuple(fe.get("all", ())),
                                                         tuple(fe.get("none", ()))) if fe else None})
 
@@ -111,13 +113,13 @@ def _check_path(p: str, where: str) -> None:
 
 
 def load_tasks(path: Path = TASKS_PATH, *, split: str | None = None,
-               kinds: tuple[str, ...] | None = None) -> list[Task]:
-    """The tasks in file order, optionally of one split and some kinds. Ids must be unique."""
+               categories: tuple[str, ...] | None = None) -> list[Task]:
+    """The tasks in file order, optionally of one split and some categories. Ids must be unique."""
     tasks = [Task.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
     ids = [t.id for t in tasks]
     if len(ids) != len(set(ids)):
         raise ValueError(f"{path}: duplicate task ids {sorted({i for i in ids if ids.count(i) > 1})}")
-    return [t for t in tasks if (split is None or t.split == split) and (kinds is None or t.kind in kinds)]
+    return [t for t in tasks if (split is None or t.split == split) and (categories is None or t.category in categories)]
 
 
 def file_text(spec: str | dict[str, Any]) -> str:
@@ -143,11 +145,11 @@ def materialize(task: Task, workspace: Path) -> None:
 
 def check(task: Task, outcome: Outcome) -> Verdict:
     """Whether the outcome does what the task asked, and why not."""
-    if task.kind in ANSWER_KINDS:
+    if task.category in ANSWER_CATEGORIES:
         assert task.expect is not None  # __post_init__ guarantees it
         if not re.search(task.expect, outcome.final, re.IGNORECASE):
             return Verdict(False, f"answer does not match {task.expect!r}")
-        if task.kind == "question" and outcome.tool_calls:
+        if task.category == "question" and outcome.tool_calls:
             return Verdict(False, f"a plain question got tool calls: {', '.join(outcome.tool_calls)}")
         return Verdict(True, "answer matches")
     fe = task.file_expect

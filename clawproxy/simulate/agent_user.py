@@ -4,7 +4,7 @@ The reaction depends only on the task's program check (``agent_tasks.check``): p
 passed, a complaint that says what was wrong when it failed. It is sent as the user's next message
 in the same conversation, so the judge reads it as the final answer's next state, as it reads a
 tool's result as a tool call's. Reactions are drawn from a seeded RNG; the oracle's hints (a
-perfect reward for one seed) say the rule of the task's kind in one sentence.
+perfect reward for one seed) say the rule of the task's category in one sentence.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PRAISE = (
     "Nice, works for me.",
 )
 
-# Why a check failed -> what a person would say back. Keys are the failure's kind (``failure``).
+# Why a check failed -> what a person would say back. Keys are what ``failure`` returns.
 COMPLAINTS: Mapping[str, tuple[str, ...]] = {
     "tool_on_question": (
         "I didn't ask you to open anything, just answer the question.",
@@ -57,7 +57,7 @@ COMPLAINTS: Mapping[str, tuple[str, ...]] = {
     ),
 }
 
-# The oracle's hint per task kind: the rule the check holds an answer to, in one sentence.
+# The oracle's hint per task category: the rule the check holds an answer to, in one sentence.
 ORACLE_HINTS: Mapping[str, str] = {
     "question": "Answer a plain question directly from what you know, without calling any tool.",
     "read": "Read the file the request names with the read tool, then answer from its content.",
@@ -67,23 +67,23 @@ ORACLE_HINTS: Mapping[str, str] = {
 
 
 def failure(task: Task, verdict: Verdict) -> str | None:
-    """The kind of failure a verdict reports (a key of ``COMPLAINTS``); None when it passed."""
+    """The failure a verdict reports (a key of ``COMPLAINTS``); None when it passed."""
     if verdict.ok:
         return None
     why = verdict.why
-    if task.kind == "question":
+    if task.category == "question":
         return "tool_on_question" if why.startswith("a plain question got tool calls") else "wrong_answer"
-    if task.kind in ("read", "command"):
-        return "wrong_read" if task.kind == "read" else "wrong_command"
+    if task.category in ("read", "command"):
+        return "wrong_read" if task.category == "read" else "wrong_command"
     return "file_missing" if why.endswith("was not written") else "file_wrong"
 
 
 def react(task: Task, verdict: Verdict, rng: random.Random) -> tuple[str, int]:
     """The user's next message and the verdict it means (+1 praised, -1 complained)."""
-    kind = failure(task, verdict)
-    if kind is None:
+    failed = failure(task, verdict)
+    if failed is None:
         return rng.choice(PRAISE), 1
-    return rng.choice(COMPLAINTS[kind]), -1
+    return rng.choice(COMPLAINTS[failed]), -1
 
 
 def reaction_message(reaction: str, last_user: Mapping[str, Any], stamp: str) -> dict[str, Any]:

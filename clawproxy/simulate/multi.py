@@ -106,12 +106,12 @@ class UsersView(StoreView):
     """StoreView plus what several users need: who serves whom, every owner's trainer queue."""
 
     def served_for(self, user: str, adapter: str = "clawproxy") -> tuple[int, str | None, str | None]:
-        """(version, kind, vLLM name) serving ``user``: their own adapter, else the shared one if they
+        """(version, checkpoint format, vLLM name) serving ``user``: their own adapter, else the shared one if they
         share, else the base model (0, None, None)."""
         row = self.store.adapter_for(user)
         if row is None:
             return 0, None, None
-        return int(row["version"]), str(row["kind"]), adapter_name(row["user"], adapter)
+        return int(row["version"]), str(row["format"]), adapter_name(row["user"], adapter)
 
     def queues(self, max_staleness: int) -> list[int]:
         """Each owner's useful candidates (a zero score never trains), what the trainer draws from."""
@@ -208,15 +208,15 @@ async def simulate_users(s: SimSettings, users: list[SimUser], *, max_staleness:
                 texts, cuts = _answers(by_model[s.model])
                 base = await asyncio.to_thread(score_answers, held, texts, bool, s.on_topic_min, cuts)
             for u in users:
-                version, kind, name = await asyncio.to_thread(view.served_for, u.name, s.adapter)
+                version, format, name = await asyncio.to_thread(view.served_for, u.name, s.adapter)
                 if s.eval_url:
                     # the name the proxy routes this user to (the embedded engine serves one set of weights)
-                    model = name if engine_spec(s.engine_kind).adapters_by_name and kind == "lora" and name else s.model
+                    model = name if engine_spec(s.engine_kind).adapters_by_name and format == "lora" and name else s.model
                     if model not in by_model:
                         by_model[model] = await ask(model, None)
                     comps = by_model[model]
                 else:
-                    model = name if kind == "lora" and name else s.model  # what the proxy routes it to
+                    model = name if format == "lora" and name else s.model  # what the proxy routes it to
                     comps = await ask(s.model, u.key)
                 texts, cuts = _answers(comps)
                 persona = personas[u.name]

@@ -122,9 +122,9 @@ class StoreView:
                 "published": self.store.latest_weight_version()}
 
     def published(self) -> tuple[int, str | None]:
-        """The newest published version and its kind ('lora', 'full'; None: the base model)."""
+        """The newest published version and its format ('lora', 'full'; None: the base model)."""
         row = self.store.serving_checkpoint()
-        return (int(row["version"]), str(row["kind"])) if row else (0, None)
+        return (int(row["version"]), str(row["format"])) if row else (0, None)
 
     def _turn_rows(self, interactions: list[Interaction]) -> list[tuple[Interaction, dict[str, Any]]]:
         """Each interaction with its recorded main turn (a conversation's closing call has none)."""
@@ -192,15 +192,15 @@ class StoreView:
         }
 
     def sample_accounting(self, interactions: list[Interaction]) -> dict[str, int]:
-        """What became of each interaction: trained (by sample kind: rl, rl_opd, opd), or why not
+        """What became of each interaction: trained (by sample objective: rl, rl_opd, opd), or why not
         (the trainer's skip reason, the recorder's reason for an untrainable turn, not judged yet,
         judged but not consumed yet)."""
         out: dict[str, int] = {}
         for _, row in self._turn_rows(interactions):
             fate = self.store.training_fate([row["id"]])[row["id"]]
-            kind = fate["kind"]
-            if kind is not None:
-                key = f"trained:{kind}" if kind else "trained"
+            objective = fate["objective"]
+            if objective is not None:
+                key = f"trained:{objective}" if objective else "trained"
             elif not row["trainable"]:
                 key = f"not_trainable:{row['reason'] or 'unknown'}"
             elif row["score"] is None:
@@ -287,8 +287,8 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
             model, version = s.model, None
             if engine_spec(s.engine_kind).adapters_by_name and view is not None:
                 # straight to vLLM: name what the proxy would route to, and read its version
-                version, kind = await asyncio.to_thread(view.published)
-                model = s.adapter if kind == "lora" else s.model
+                version, format = await asyncio.to_thread(view.published)
+                model = s.adapter if format == "lora" else s.model
             if s.eval_url:
                 comps = await answer_heldout(http, s.eval_url, held, model=model,
                                              system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,

@@ -230,8 +230,8 @@ class Core:
         with self._lock:
             self._conn.execute(sql, [*vals, key_value])
 
-    def log_event(self, kind: str, data: dict[str, Any] | None = None) -> None:
-        self.insert("events", {"ts": time.time(), "kind": kind, "data": data})
+    def log_event(self, event_type: str, data: dict[str, Any] | None = None) -> None:
+        self.insert("events", {"ts": time.time(), "kind": event_type, "data": data})  # the kind column
 
     def tables(self) -> list[str]:
         """The tables of this database, read from its schema (SQLite's own excluded)."""

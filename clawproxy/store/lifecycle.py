@@ -78,11 +78,11 @@ def state_columns(state: TurnState) -> dict[str, Any]:
     return {"reason": state, "trainable": int(state is TurnState.OK)}
 
 
-def recorded_state(rec: Mapping[str, Any], kind: str) -> TurnState:
-    """The first state of a recorded turn (``kind``: main | side | retry)."""
-    if kind == "side":
+def recorded_state(rec: Mapping[str, Any], turn_type: str) -> TurnState:
+    """The first state of a recorded turn (``turn_type``: main | side | retry, its kind column)."""
+    if turn_type == "side":
         return TurnState.SIDE
-    if kind == "retry":
+    if turn_type == "retry":
         return TurnState.RETRY
     if rec["status"] == "aborted":
         return TurnState.ABORTED

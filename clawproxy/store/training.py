@@ -24,10 +24,11 @@ class Training(Core):
     # -- checkpoints ------------------------------------------------------------------------------
     def serving_checkpoint(self, owner: str | None = None) -> dict[str, Any] | None:
         """The newest published checkpoint of ``owner``'s adapter (None: the shared one, the only
-        one with no users): version, path, kind, created_at (when it was published), gate and
+        one with no users): version, path, format (lora | full: the kind column), created_at (when it
+        was published), gate and
         user (whose adapter); None: there is none."""
         return self.query_one(
-            "SELECT version, path, kind, created_at, gate, user FROM checkpoints WHERE status='published' "
+            "SELECT version, path, kind AS format, created_at, gate, user FROM checkpoints WHERE status='published' "
             "AND user IS ? ORDER BY version DESC LIMIT 1", (owner,)
         )
 
@@ -48,7 +49,9 @@ class Training(Core):
         return int(row["version"]) if row else 0
 
     def checkpoint(self, version: int) -> dict[str, Any] | None:
-        return self.query_one("SELECT version, path, kind, status, user FROM checkpoints WHERE version=?", (version,))
+        """One checkpoint row: version, path, format (the kind column), status, user."""
+        return self.query_one("SELECT version, path, kind AS format, status, user FROM checkpoints WHERE version=?",
+                              (version,))
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """Every checkpoint row, oldest first (``gate`` decoded; ``user``: whose adapter, None the shared one)."""
@@ -90,10 +93,10 @@ class Training(Core):
     def mark_checkpoint_deleted(self, version: int) -> None:
         self.update("checkpoints", "version", version, {"status": "deleted"})
 
-    def record_rollback(self, new_version: int, path: str, kind: str, *, target: int, from_version: int,
+    def record_rollback(self, new_version: int, path: str, format: str, *, target: int, from_version: int,
                         engine: bool, owner: str | None = None) -> None:
         """One transaction: ``new_version`` of ``owner``'s adapter serves ``target``'s weights
-        (``path``), and the event."""
+        (``path``, ``format``: lora | full), and the event."""
         now = time.time()
         event: dict[str, Any] = {"from": from_version, "to": target, "new_version": new_version, "engine": engine}
         if owner is not None:
@@ -102,7 +105,7 @@ class Training(Core):
             conn.execute(
                 "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate, user) "
                 "VALUES (?, ?, ?, ?, NULL, 'published', ?, ?)",
-                (new_version, path, kind, now, dumps({"rollback_of": target}), owner),
+                (new_version, path, format, now, dumps({"rollback_of": target}), owner),
             )
             conn.execute("INSERT INTO events (ts, kind, data) VALUES (?, 'rollback', ?)", (now, dumps(event)))
 
@@ -153,10 +156,10 @@ class Training(Core):
             )
 
     def record_step(self, *, method: str, base_version: int, new_version: int | None, status: str,
-                    metrics: dict[str, Any], kinds: dict[int, str], checkpoint: dict[str, Any] | None = None,
+                    metrics: dict[str, Any], objectives: dict[int, str], checkpoint: dict[str, Any] | None = None,
                     owner: str | None = None) -> int:
         """One transaction: the train step of ``owner``'s adapter (None: the shared one), the turns
-        it consumed (turn id -> sample kind) and, when ``checkpoint`` (path, kind, gate, engine) is
+        it consumed (turn id -> sample objective) and, when ``checkpoint`` (path, format, gate, engine) is
         given, the published checkpoint row and its event. Returns the step id."""
         now = time.time()
         with self.transaction() as conn:
@@ -168,13 +171,13 @@ class Training(Core):
             step_id = inserted_id(cur)
             conn.executemany(
                 "INSERT OR IGNORE INTO trained_samples (turn_id, step_id, kind) VALUES (?, ?, ?)",
-                [(t, step_id, kind) for t, kind in kinds.items()],
+                [(t, step_id, objective) for t, objective in objectives.items()],
             )
             if checkpoint is not None:
                 conn.execute(
                     "INSERT INTO checkpoints (version, path, kind, created_at, step_id, status, gate, user) "
                     "VALUES (?, ?, ?, ?, ?, 'published', ?, ?)",
-                    (new_version, checkpoint["path"], checkpoint["kind"], now, step_id, dumps(checkpoint["gate"]),
+                    (new_version, checkpoint["path"], checkpoint["format"], now, step_id, dumps(checkpoint["gate"]),
                      owner),
                 )
                 event = {"version": new_version, "step_id": step_id, "engine": checkpoint["engine"]}
@@ -201,29 +204,29 @@ class Training(Core):
         return [int(r["score"]) for r in rows]
 
     def training_fate(self, turn_ids: list[int]) -> dict[int, dict[str, Any]]:
-        """turn id -> what the trainer did with it: step (the train step that used it), kind (the
-        sample kind it trained as: rl | rl_opd | opd, '' from before kinds were kept) and skipped
+        """turn id -> what the trainer did with it: step (the train step that used it), objective
+        (what it trained as: rl | rl_opd | opd, '' from before objectives were kept) and skipped
         (the trainer's reason); each None when not so."""
         if not turn_ids:
             return {}
         marks = ", ".join("?" * len(turn_ids))
-        out: dict[int, dict[str, Any]] = {t: {"step": None, "kind": None, "skipped": None} for t in turn_ids}
-        for r in self.query(f"SELECT turn_id, step_id, COALESCE(kind, '') AS kind FROM trained_samples "
+        out: dict[int, dict[str, Any]] = {t: {"step": None, "objective": None, "skipped": None} for t in turn_ids}
+        for r in self.query(f"SELECT turn_id, step_id, COALESCE(kind, '') AS objective FROM trained_samples "
                             f"WHERE turn_id IN ({marks}) ORDER BY step_id DESC", turn_ids):
-            out[r["turn_id"]].update(step=r["step_id"], kind=r["kind"])  # the first step wins
+            out[r["turn_id"]].update(step=r["step_id"], objective=r["objective"])  # the first step wins
         for r in self.query(f"SELECT turn_id, reason FROM skipped_samples WHERE turn_id IN ({marks})", turn_ids):
             out[r["turn_id"]]["skipped"] = r["reason"]
         return out
 
-    def trained_kind(self, turn_id: int) -> str | None:
-        """The sample kind ``turn_id`` trained as ('' from before kinds were kept), None: never trained."""
-        return self.training_fate([turn_id])[turn_id]["kind"]
+    def trained_objective(self, turn_id: int) -> str | None:
+        """The objective ``turn_id`` trained as ('' from before objectives were kept), None: never trained."""
+        return self.training_fate([turn_id])[turn_id]["objective"]
 
-    def trained_by_kind(self) -> dict[str, int]:
-        """Trained turns counted by sample kind."""
-        rows = self.query("SELECT COALESCE(kind, '') AS kind, COUNT(DISTINCT turn_id) AS n FROM trained_samples "
+    def trained_by_objective(self) -> dict[str, int]:
+        """Trained turns counted by sample objective."""
+        rows = self.query("SELECT COALESCE(kind, '') AS objective, COUNT(DISTINCT turn_id) AS n FROM trained_samples "
                           "GROUP BY COALESCE(kind, '')")
-        return {r["kind"]: r["n"] for r in rows}
+        return {r["objective"]: r["n"] for r in rows}
 
     def trained_sample_count(self) -> int:
         return self.query_row("SELECT COUNT(*) AS n FROM trained_samples")["n"]

@@ -53,20 +53,20 @@ class Views(Core):
             (user, user))
 
     def training_counts_of(self, user: str) -> dict[str, Any]:
-        """``user``'s figures beside the versions: steps (their adapter's), trained_by_kind and
-        skipped_by_reason (their turns)."""
+        """``user``'s figures beside the versions: steps (their adapter's), trained_by_kind (by sample
+        objective; the output keeps its key) and skipped_by_reason (their turns)."""
         steps = self.query_row("SELECT COUNT(*) AS n FROM train_steps WHERE user = ?", (user,))["n"]
-        kinds = self.query("SELECT COALESCE(ts.kind, '') AS kind, COUNT(DISTINCT ts.turn_id) AS n "
+        objectives = self.query("SELECT COALESCE(ts.kind, '') AS objective, COUNT(DISTINCT ts.turn_id) AS n "
                            "FROM trained_samples ts JOIN turns t ON t.id = ts.turn_id WHERE t.user = ? "
                            "GROUP BY COALESCE(ts.kind, '')", (user,))
         skipped = self.query("SELECT s.reason, COUNT(*) AS n FROM skipped_samples s JOIN turns t "
                              "ON t.id = s.turn_id WHERE t.user = ? GROUP BY s.reason", (user,))
-        return {"steps": steps, "trained_by_kind": {r["kind"]: r["n"] for r in kinds},
+        return {"steps": steps, "trained_by_kind": {r["objective"]: r["n"] for r in objectives},
                 "skipped_by_reason": {r["reason"]: r["n"] for r in skipped}}
 
-    def events_of(self, kind: str) -> list[dict[str, Any]]:
-        """Events of one kind (ts, data), oldest first."""
-        return self.query("SELECT ts, data FROM events WHERE kind=? ORDER BY id", (kind,))
+    def events_of(self, event_type: str) -> list[dict[str, Any]]:
+        """Events of one type (ts, data; the kind column), oldest first."""
+        return self.query("SELECT ts, data FROM events WHERE kind=? ORDER BY id", (event_type,))
 
     def last_step_losses(self) -> dict[str, Any] | None:
         """The newest train step's loss and kl (None where not recorded), or None before any step."""
@@ -106,13 +106,13 @@ class Views(Core):
             (since,),
         )
 
-    def last_event(self, kinds: Iterable[str]) -> dict[str, Any] | None:
-        """The newest event of one of ``kinds``: id, ts, kind, data."""
-        kinds = list(kinds)
+    def last_event(self, event_types: Iterable[str]) -> dict[str, Any] | None:
+        """The newest event of one of ``event_types``: id, ts, kind (its type), data."""
+        types = list(event_types)
         return self.query_one(
-            f"SELECT id, ts, kind, data FROM events WHERE kind IN ({', '.join('?' * len(kinds))}) "
+            f"SELECT id, ts, kind, data FROM events WHERE kind IN ({', '.join('?' * len(types))}) "
             "ORDER BY id DESC LIMIT 1",
-            kinds,
+            types,
         )
 
     def steps_with_samples(self, of_user: str | None = None) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clawproxy.simulate.agent_tasks import (
-    KINDS,
+    CATEGORIES,
     SPLITS,
     Outcome,
     Task,
@@ -27,7 +27,7 @@ from tests.bench.util import bench_module
 from tests.waits import assert_stays_sync, until_sync
 
 TASKS = load_tasks()
-BY_KIND = {k: [t for t in TASKS if t.kind == k] for k in KINDS}
+BY_CATEGORY = {c: [t for t in TASKS if t.category == c] for c in CATEGORIES}
 # Enough tasks to mean something on a 2-core CPU, fixed before tuning (issue 38).
 MIN_PER_SPLIT = {"train": 10, "validation": 3, "heldout": 4}
 NO_MORE_TASKS_WINDOW_S = 0.2  # a worker set free would take the next queued task within milliseconds
@@ -42,11 +42,11 @@ def ws_with_reference(task: Task, tmp_path: Path) -> Path:
 
 
 # -- splits ---------------------------------------------------------------------------------------
-def test_every_kind_has_enough_tasks_in_every_split():
-    counts = Counter((t.kind, t.split) for t in TASKS)
-    for kind in KINDS:
+def test_every_category_has_enough_tasks_in_every_split():
+    counts = Counter((t.category, t.split) for t in TASKS)
+    for category in CATEGORIES:
         for split in SPLITS:
-            assert counts[kind, split] >= MIN_PER_SPLIT[split], (kind, split, counts[kind, split])
+            assert counts[category, split] >= MIN_PER_SPLIT[split], (category, split, counts[category, split])
 
 
 def test_no_task_text_is_shared_across_splits():
@@ -59,7 +59,7 @@ def test_no_task_text_is_shared_across_splits():
 
 def test_load_filters_and_refuses_duplicate_ids(tmp_path):
     assert {t.split for t in load_tasks(split="heldout")} == {"heldout"}
-    assert {t.kind for t in load_tasks(kinds=("read", "write"))} == {"read", "write"}
+    assert {t.category for t in load_tasks(categories=("read", "write"))} == {"read", "write"}
     line = (Path(__file__).resolve().parents[2] / "clawproxy/simulate/agent_tasks.jsonl").read_text().splitlines()[0]
     (tmp_path / "dup.jsonl").write_text(f"{line}\n{line}\n")
     with pytest.raises(ValueError, match="duplicate task ids"):
@@ -68,22 +68,22 @@ def test_load_filters_and_refuses_duplicate_ids(tmp_path):
 
 def test_a_task_missing_its_check_or_leaving_the_workspace_is_refused():
     with pytest.raises(ValueError, match="needs expect and answer"):
-        Task(id="x", split="train", kind="question", prompt="Why?")
+        Task(id="x", split="train", category="question", prompt="Why?")
     with pytest.raises(ValueError, match="stay in the workspace"):
-        Task(id="x", split="train", kind="read", prompt="Read it", files={"../etc/x": "a"}, expect="a", answer="a")
+        Task(id="x", split="train", category="read", prompt="Read it", files={"../etc/x": "a"}, expect="a", answer="a")
     with pytest.raises(ValueError, match="split"):
-        Task(id="x", split="test", kind="question", prompt="Why?", expect="a", answer="a")
+        Task(id="x", split="test", category="question", prompt="Why?", expect="a", answer="a")
 
 
 # -- the checks: each passes the reference outcome and fails a wrong one ---------------------------
-@pytest.mark.parametrize("task", BY_KIND["question"], ids=lambda t: t.id)
+@pytest.mark.parametrize("task", BY_CATEGORY["question"], ids=lambda t: t.id)
 def test_question_needs_the_right_answer_and_no_tool_call(task, tmp_path):
     assert check(task, Outcome(task.answer or "", [], tmp_path)).ok
     assert not check(task, Outcome(task.answer or "", ["read"], tmp_path)).ok  # right, but it used a tool
     assert not check(task, Outcome("I am not sure, sorry.", [], tmp_path)).ok
 
 
-@pytest.mark.parametrize("task", BY_KIND["read"], ids=lambda t: t.id)
+@pytest.mark.parametrize("task", BY_CATEGORY["read"], ids=lambda t: t.id)
 def test_read_answer_holds_a_fact_only_the_file_has(task, tmp_path):
     assert check(task, Outcome(task.answer or "", ["read"], tmp_path)).ok
     assert not check(task, Outcome("The file is empty.", ["read"], tmp_path)).ok
@@ -93,7 +93,7 @@ def test_read_answer_holds_a_fact_only_the_file_has(task, tmp_path):
     assert not re.search(task.expect, task.prompt, re.IGNORECASE), "the prompt must not give the fact away"
 
 
-@pytest.mark.parametrize("task", BY_KIND["write"], ids=lambda t: t.id)
+@pytest.mark.parametrize("task", BY_CATEGORY["write"], ids=lambda t: t.id)
 def test_write_checks_the_file_content(task, tmp_path):
     assert check(task, Outcome("Done.", ["write"], ws_with_reference(task, tmp_path / "right"))).ok
     untouched = tmp_path / "untouched"
@@ -107,7 +107,7 @@ def test_write_checks_the_file_content(task, tmp_path):
 
 @pytest.mark.skipif(not all(shutil.which(c) for c in ("bash", "awk", "sha256sum", "base64", "python3")),
                     reason="the reference commands need coreutils, awk and python3")
-@pytest.mark.parametrize("task", BY_KIND["command"], ids=lambda t: t.id)
+@pytest.mark.parametrize("task", BY_CATEGORY["command"], ids=lambda t: t.id)
 def test_command_answer_is_what_the_command_prints(task, tmp_path):
     materialize(task, tmp_path)
     printed = subprocess.run(["bash", "-c", task.reference_command or ""], cwd=tmp_path, capture_output=True,
@@ -121,7 +121,7 @@ def test_command_answer_is_what_the_command_prints(task, tmp_path):
 
 
 def test_a_number_check_does_not_take_a_longer_number(tmp_path):
-    task = next(t for t in BY_KIND["command"] if t.reference_command == "wc -l < data.txt")
+    task = next(t for t in BY_CATEGORY["command"] if t.reference_command == "wc -l < data.txt")
     assert check(task, Outcome("data.txt has 173 lines.", [], tmp_path)).ok
     for wrong in ("1173 lines", "173.5", "17", "1,173"):
         assert not check(task, Outcome(wrong, [], tmp_path)).ok, wrong
@@ -174,7 +174,7 @@ def test_parsed_calls_are_checked_against_the_offered_tools_and_json():
 
 
 # -- the runner's report ----------------------------------------------------------------------------
-def test_summary_counts_by_kind_from_task_rows():
+def test_summary_counts_by_category_from_task_rows():
     agent = bench_module("agent")
     rows = [
         {"kind": "read", "ok": True, "tool_calls": ["read"], "malformed": [], "finish_reasons": ["tool_calls", "stop"],
@@ -247,7 +247,7 @@ def test_an_interrupted_point_drops_the_tasks_not_yet_started(tmp_path, monkeypa
     threading.Thread(target=signal_when_running, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            agent.run_tasks(BY_KIND["question"][:6], None, tmp_path, tmp_path / "c.json", tmp_path / "db",
+            agent.run_tasks(BY_CATEGORY["question"][:6], None, tmp_path, tmp_path / "c.json", tmp_path / "db",
                             tmp_path / "ms", 60, workers=2)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clawproxy.simulate.agent_tasks import KINDS, Outcome, check, load_tasks
+from clawproxy.simulate.agent_tasks import CATEGORIES, Outcome, check, load_tasks
 from clawproxy.simulate.agent_user import (
     COMPLAINTS,
     ORACLE_HINTS,
@@ -22,11 +22,11 @@ from tests.bench.test_agent import ws_with_reference
 TRAIN = load_tasks(split="train")
 
 
-def one_of_each_kind():
-    return [next(t for t in TRAIN if t.kind == k) for k in KINDS]
+def one_of_each_category():
+    return [next(t for t in TRAIN if t.category == c) for c in CATEGORIES]
 
 
-@pytest.mark.parametrize("task", one_of_each_kind(), ids=lambda t: t.kind)
+@pytest.mark.parametrize("task", one_of_each_category(), ids=lambda t: t.category)
 def test_a_passed_check_is_praised_and_a_failed_one_gets_its_complaint(task, tmp_path: Path):
     rng = random.Random(0)
     ws = ws_with_reference(task, tmp_path)
@@ -41,27 +41,27 @@ def test_a_passed_check_is_praised_and_a_failed_one_gets_its_complaint(task, tmp
     assert not wrong.ok
     text, meant = react(task, wrong, rng)
     expected = {"question": "wrong_answer", "read": "wrong_read", "command": "wrong_command",
-                "write": "file_missing"}[task.kind]
+                "write": "file_missing"}[task.category]
     assert (failure(task, wrong), meant) == (expected, -1)
     assert text in COMPLAINTS[expected]
 
 
 def test_a_tool_on_a_plain_question_and_a_wrong_file_have_their_own_complaints(tmp_path: Path):
-    question = next(t for t in TRAIN if t.kind == "question")
+    question = next(t for t in TRAIN if t.category == "question")
     assert failure(question, check(question, Outcome(question.answer or "", ["read"], tmp_path))) == "tool_on_question"
-    write = next(t for t in TRAIN if t.kind == "write")
+    write = next(t for t in TRAIN if t.category == "write")
     ws = ws_with_reference(write, tmp_path)
     assert write.file_expect is not None
     (ws / write.file_expect.path).write_text("something else\n")
     assert failure(write, check(write, Outcome("done", ["write"], ws))) == "file_wrong"
 
 
-def test_reactions_are_seeded_and_every_kind_has_an_oracle_hint():
-    task = one_of_each_kind()[0]
+def test_reactions_are_seeded_and_every_category_has_an_oracle_hint():
+    task = one_of_each_category()[0]
     verdict = check(task, Outcome("no idea", [], Path(".")))
     draws = [react(task, verdict, random.Random(7))[0] for _ in range(3)]
     assert len(set(draws)) == 1
-    assert set(ORACLE_HINTS) == set(KINDS)
+    assert set(ORACLE_HINTS) == set(CATEGORIES)
 
 
 def test_the_reaction_keeps_openclaws_user_message_form():

@@ -187,7 +187,7 @@ def test_the_agent_benchmarks_user_reaction_is_the_answers_next_state(openclaw, 
         url, home = f"http://127.0.0.1:{port}", tmp_path / "home"
         cfg_path = learn.write_openclaw_config(home, "learn.json", url, "lean")
         _fake_tool_once(cfg_path)
-        task = Task(id="t", split="train", kind="read", prompt="What does hello.txt say?",
+        task = Task(id="t", split="train", category="read", prompt="What does hello.txt say?",
                     files={"hello.txt": "the secret word is marmalade\n"}, expect="marmalade", answer="marmalade")
         row = agent.run_task(task, openclaw, home, cfg_path, data / "clawproxy.db", tmp_path / "ws", 300)
         assert row["status"] == "ok" and row["tool_calls"] == ["read"], row
@@ -220,7 +220,7 @@ def test_agent_benchmark_tasks_run_two_at_once_each_with_its_own_turns(openclaw,
         home = tmp_path / "home"
         cfg_path = learn.write_openclaw_config(home, "measure.json", f"http://127.0.0.1:{port}", "lean", "--no-learn")
         _fake_tool_once(cfg_path)
-        tasks = [Task(id=f"t{i}", split="heldout", kind="read", prompt=f"What does hello.txt say? ({word})",
+        tasks = [Task(id=f"t{i}", split="heldout", category="read", prompt=f"What does hello.txt say? ({word})",
                       files={"hello.txt": f"the secret word is {word}\n"}, expect=word, answer=word)
                  for i, word in enumerate(["marmalade", "quince", "damson"])]
         seen: list[int] = []

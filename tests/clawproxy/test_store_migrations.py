@@ -57,8 +57,8 @@ def test_a_store_from_the_oldest_schema_upgrades_with_its_data(tmp_path):
         assert s.get_session("s1")["last_seen"] == 3.0
         assert s.judgment_counts() == {1: 1} and s.vote_count() == 1
         assert s.serving_checkpoint()["path"] == "/ckpt/v1" and s.latest_weight_version() == 1
-        assert s.training_fate([1, 2]) == {1: {"step": 1, "kind": "", "skipped": None},
-                                           2: {"step": None, "kind": None, "skipped": None}}
+        assert s.training_fate([1, 2]) == {1: {"step": 1, "objective": "", "skipped": None},
+                                           2: {"step": None, "objective": None, "skipped": None}}
         assert s.events_of("publish")[0]["data"] == {"version": 1}
         assert s.last_step_losses()["loss"] == 0.5
 

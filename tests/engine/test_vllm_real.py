@@ -297,7 +297,7 @@ async def test_trainer_renders_the_prompt_vllm_rendered(server, make_rig):
     hint = "Answer in one line."
     sample = Sample(turn_id=row["id"], prompt_ids=recorded, completion_ids=[1], behaviour_logps=[0.0], score=-1,
                     hint=hint, weight_version=0, messages=rec["request_messages"], tools=rec["request_tools"],
-                    params=rec["request_params"], kind="opd", tools_as_text=as_text)
+                    params=rec["request_params"], objective="opd", tools_as_text=as_text)
     teacher = teacher_prompt_ids(tok, sample)
     assert teacher is not None
     start = next(i for i, (a, b) in enumerate(zip(recorded, teacher, strict=False)) if a != b)

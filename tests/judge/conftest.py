@@ -31,7 +31,7 @@ def user_msg(text: str, first: bool = False) -> dict[str, Any]:
 
 def add_turn(store: Store, session_id: str, *, request: str, response: str | None = "",
              next_user: str | None = None, tool_result: str | None = None,
-             tool_calls: list[dict] | None = None, trainable: int = 1, kind: str = "main") -> int:
+             tool_calls: list[dict] | None = None, trainable: int = 1, turn_type: str = "main") -> int:
     """Insert a turn the way the proxy records it (request as sent, incl. the CTX message)."""
     if store.query_one("SELECT 1 FROM sessions WHERE id=?", (session_id,)) is None:
         now = time.time()
@@ -45,7 +45,7 @@ def add_turn(store: Store, session_id: str, *, request: str, response: str | Non
         next_state, role = None, None
     return store.insert("turns", {
         "request_id": uuid.uuid4().hex, "session_id": session_id, "turn_index": n,
-        "created_at": time.time(), "path": "/v1/chat/completions", "kind": kind, "status": "ok",
+        "created_at": time.time(), "path": "/v1/chat/completions", "kind": turn_type, "status": "ok",
         "request_messages": [{"role": "system", "content": SYSTEM}, user_msg(request, first=True), CTX],
         "response_text": response, "response_tool_calls": tool_calls, "finish_reason": "stop",
         "next_state": next_state, "next_state_role": role, "trainable": trainable,

@@ -32,7 +32,7 @@ def seed(store: Store) -> dict[str, int]:
         "tool_err": add_turn(store, "s2", request="read conf", response=None, tool_result="Error: ENOENT",
                              tool_calls=[{"id": "c", "function": {"name": "read", "arguments": "{}"}}]),
         "pending": add_turn(store, "s1", request="and Chile?", response="Santiago.", trainable=0),
-        "side": add_turn(store, "s3", request="summarize", response="...", next_user="x", kind="side",
+        "side": add_turn(store, "s3", request="summarize", response="...", next_user="x", turn_type="side",
                          trainable=0),
     }
 

@@ -64,7 +64,7 @@ async def test_a_gate_refusal_shows_as_the_trainers_state_and_is_marked(make_rig
         metrics = {"loss": 0.5, "kl": 9.0, "clip_frac": 0.1, "samples": 2,
                    "gate": {"ok": False, "failed": ["kl_to_previous"]}}
         step = s.record_step(method="combined", base_version=0, new_version=None, status="gate_failed",
-                             metrics=metrics, kinds={})
+                             metrics=metrics, objectives={})
     finally:
         s.close()
     async with rig.client.get(rig.url + "/clawproxy/ui/") as r:

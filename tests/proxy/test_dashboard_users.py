@@ -33,13 +33,13 @@ async def test_learning_and_versions_show_one_users_adapter_and_roll_back_only_i
     s = rig.store()
     try:  # what the trainer and `clawproxy rollback --user alice` record
         shared = s.record_step(method="combined", base_version=0, new_version=5, status="published",
-                               metrics={}, kinds={}, checkpoint={"path": "/s", "kind": "lora", "gate": {"ok": True},
+                               metrics={}, objectives={}, checkpoint={"path": "/s", "format": "lora", "gate": {"ok": True},
                                                                  "engine": True})
-        ckpt = {"path": "/x", "kind": "lora", "gate": {"ok": True}, "engine": True}
+        ckpt = {"path": "/x", "format": "lora", "gate": {"ok": True}, "engine": True}
         a = s.record_step(method="combined", base_version=0, new_version=1, status="published",
-                          metrics={"loss": 0.1}, kinds={}, checkpoint=ckpt, owner="alice")
+                          metrics={"loss": 0.1}, objectives={}, checkpoint=ckpt, owner="alice")
         b = s.record_step(method="combined", base_version=0, new_version=2, status="published",
-                          metrics={"loss": 0.2}, kinds={}, checkpoint=ckpt, owner="bob")
+                          metrics={"loss": 0.2}, objectives={}, checkpoint=ckpt, owner="bob")
         s.record_rollback(3, "/x", "lora", target=0, from_version=1, engine=True, owner="alice")
     finally:
         s.close()

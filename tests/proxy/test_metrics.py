@@ -119,10 +119,10 @@ async def test_judge_trainer_and_engine_metrics_come_from_the_store(rig):
                                               "next_turn_id": nxt})
         store.record_skipped({t3: "score_0"})
         store.record_step(method="combined", base_version=0, new_version=1, status="published",
-                          metrics={"loss": 0.5, "kl": 0.01, "reload_s": 0.7}, kinds={t1: "rl", t2: "rl"},
-                          checkpoint={"path": "/x/v1", "kind": "full", "gate": {}, "engine": True})
+                          metrics={"loss": 0.5, "kl": 0.01, "reload_s": 0.7}, objectives={t1: "rl", t2: "rl"},
+                          checkpoint={"path": "/x/v1", "format": "full", "gate": {}, "engine": True})
         store.record_step(method="combined", base_version=1, new_version=None, status="gate_failed",
-                          metrics={"loss": 2.5, "kl": 0.3}, kinds={})
+                          metrics={"loss": 2.5, "kl": 0.3}, objectives={})
     finally:
         store.close()
 

@@ -68,7 +68,7 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
     loop = insert_turn(store, prompt_ids=_ids(5), completion_ids=[42, 43] * 20)
     long = insert_turn(store, prompt_ids=_ids(60), completion_ids=_ids(50, 1))
     unjudged = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=None)
-    side = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), trainable=0, kind="side")
+    side = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), trainable=0, turn_type="side")
     good = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8, 9))
 
     sel = select_samples(store, TrainerConfig(max_seq_len=100), 0, tools_as_text=False)
@@ -90,7 +90,7 @@ def test_reasons_for_bad_records_and_they_are_counted_once(store):
 
 
 def test_a_cut_off_answer_trains_by_distillation_only_when_it_has_a_hint(store):
-    """A cut-off answer never gets an RL term: with a hint it is a distillation-only sample (kind
+    """A cut-off answer never gets an RL term: with a hint it is a distillation-only sample (objective
     ``opd``), without one it is skipped ``truncated``, whatever the judge said; method rl skips all."""
     hinted = {score: insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), finish_reason="length",
                                  score=score, hint="Too long.")
@@ -102,16 +102,16 @@ def test_a_cut_off_answer_trains_by_distillation_only_when_it_has_a_hint(store):
     zero_hint = insert_turn(store, prompt_ids=_ids(5), completion_ids=_ids(8), score=0, hint="Shorter.")
 
     sel = select_samples(store, TrainerConfig(), 0, tools_as_text=False)
-    assert {s.turn_id: s.kind for s in sel.samples} == {
+    assert {s.turn_id: s.objective for s in sel.samples} == {
         hinted[-1]: "opd", hinted[0]: "opd", finished: "rl_opd", plain: "rl", zero_hint: "opd"}
     assert sel.skipped == {t: "truncated" for t in bare.values()}
 
     rl = select_samples(store, TrainerConfig(method="rl"), 0, tools_as_text=False)
-    assert {s.turn_id: s.kind for s in rl.samples} == {finished: "rl", plain: "rl"}
+    assert {s.turn_id: s.objective for s in rl.samples} == {finished: "rl", plain: "rl"}
     assert {rl.skipped[t] for t in (*hinted.values(), *bare.values())} == {"truncated"}
 
     opd = select_samples(store, TrainerConfig(method="opd"), 0, tools_as_text=False)
-    assert {s.kind for s in opd.samples} == {"opd"} and hinted[-1] in {s.turn_id for s in opd.samples}
+    assert {s.objective for s in opd.samples} == {"opd"} and hinted[-1] in {s.turn_id for s in opd.samples}
 
 
 def test_trained_samples_are_not_selected_again(store):
@@ -256,7 +256,7 @@ def test_a_turn_served_under_an_instruction_trains_the_student_without_it(store,
     assert [s.turn_id for s in sel.samples] == [tid] and sel.skipped == {other: "score_0"}  # no preference yet
     sel = select_samples(store, TrainerConfig(), 0, tools_as_text=False, distill=pref)
     a, b = sel.samples
-    assert (a.turn_id, b.turn_id) == (tid, other) and a.kind == b.kind == "opd"  # a score 0 still teaches the style
+    assert (a.turn_id, b.turn_id) == (tid, other) and a.objective == b.objective == "opd"  # a score 0 still teaches the style
     assert a.hint == b.hint == pref and a.served_instruction == pref and b.served_instruction is None
     assert student_prompt_ids(tok, a) == plain != served  # the student never sees the instruction
     assert student_prompt_ids(tok, b) == plain

@@ -374,7 +374,7 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
     assert score_baselines(store, tcfg, [sample(1, 1), sample(2, -1), sample(3, 0)]) == {1: -1.0, 2: 1.0, 3: 0.0}
     assert score_baselines(store, tcfg, [sample(1, 1)]) == {1: 0.0}
     distilled = sample(4, -1)
-    distilled.kind = "opd"  # a cut-off answer trained by distillation alone: its -1 is no RL score
+    distilled.objective = "opd"  # a cut-off answer trained by distillation alone: its -1 is no RL score
     assert score_baselines(store, tcfg, [sample(1, 1), distilled]) == {1: 0.0, 4: 1.0}
     old = [insert_turn(store, prompt_ids=[1], completion_ids=[2], score=s) for s in (1, 1, -1, -1, -1, 0)]
     step = store.insert("train_steps", {"created_at": 0.0, "method": "rl", "status": "published"})
@@ -388,7 +388,7 @@ def test_score_baselines_leave_one_out(rig, tiny_model_dir):
 
 def test_a_cut_off_answer_with_a_hint_trains_by_distillation_alone(rig, tiny_model_dir):
     """Its loss is the OPD term only: the same answer scored -1 or +1 gives the same loss, and the
-    same answer finished (not cut off) does not. It moves the weights, is recorded as kind 'opd',
+    same answer finished (not cut off) does not. It moves the weights, is recorded as objective 'opd',
     and its score stays out of the RL baseline."""
     cfg, store = rig()
     prompt = _prompt(tiny_model_dir)
@@ -404,7 +404,7 @@ def test_a_cut_off_answer_with_a_hint_trains_by_distillation_alone(rig, tiny_mod
         # learning rate 0: the loss is measured, the weights stay for the next comparison
         m = train_step(tr.policy, tr.optimizer, replace(batch, samples=[s], baselines={}, lr=0.0), cfg.trainer)
         store.record_skipped({t: "test"})  # out of the next collect
-        return s.kind, m
+        return s.objective, m
 
     (k_neg, cut_neg), (k_pos, cut_pos) = loss(-1, "length"), loss(1, "length")
     k_fin, fin = loss(-1, "stop")
@@ -422,7 +422,7 @@ def test_a_cut_off_answer_with_a_hint_trains_by_distillation_alone(rig, tiny_mod
     rows = store.query("SELECT turn_id, kind FROM trained_samples ORDER BY turn_id")
     assert rows == [{"turn_id": cut, "kind": "opd"}, {"turn_id": plain[0], "kind": "rl"}]
     assert store.recent_trained_scores(10) == [1]  # the cut-off answer's -1 is not an RL score
-    assert store.trained_kind(cut) == "opd" and store.trained_by_kind() == {"opd": 1, "rl": 1}
+    assert store.trained_objective(cut) == "opd" and store.trained_by_objective() == {"opd": 1, "rl": 1}
 
 
 def test_a_sample_whose_teacher_prompt_is_too_long_is_skipped_with_its_reason(rig, tiny_model_dir):
@@ -451,7 +451,7 @@ def test_step_metrics_are_summed_over_processes_in_one_collective():
             return tensor * 2  # the other rank holds the same sums
 
     m = StepMetrics(loss=0.5, tokens=40, completion_tokens=10, clip_sum=1.0, opd_tokens=4, opd_gap_sum=2.0,
-                    samples=3, lr=0.1, kinds={"rl": 3})
+                    samples=3, lr=0.1, objectives={"rl": 3})
     acc = TwoRanks()
     m.reduce(acc)
     assert acc.calls == 1

@@ -21,7 +21,7 @@ def insert_turn(
     messages: list[dict[str, Any]] | None = None,
     finish_reason: str = "stop",
     trainable: int = 1,
-    kind: str = "main",
+    turn_type: str = "main",  # main | side | retry: the kind column
     tools: list[dict[str, Any]] | None = None,
     params: dict[str, Any] | None = None,
     user: str | None = None,
@@ -35,7 +35,7 @@ def insert_turn(
             "request_id": uuid.uuid4().hex,
             "created_at": time.time(),
             "path": "/v1/chat/completions",
-            "kind": kind,
+            "kind": turn_type,
             "status": "ok",
             "request_messages": messages or [{"role": "user", "content": "hello"}],
             "request_tools": tools,
