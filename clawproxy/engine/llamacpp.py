@@ -146,11 +146,10 @@ class LlamaCppEngine:
 
     def __init__(self, llama: LlamaCpp, model_gguf: Path, model_dir: Path, tokenizer: Any, eos_ids: set[int], *,
                  work_dir: Path, max_batch_size: int = 8, max_model_len: int = 8192, threads: int | None = None,
-                 logprobs_mode: str = "raw_logprobs", weight_version: int = 0, quantized: bool = False) -> None:
+                 logprobs_mode: str = "raw_logprobs", weight_version: int = 0) -> None:
         import copy
 
         self.llama, self.model_gguf, self.model_dir = llama, model_gguf, model_dir
-        self.quantized = quantized
         self.tokenizer = tokenizer
         self.tokenizer_lock = threading.Lock()
         self._detok = copy.deepcopy(tokenizer)  # the request threads decode under _detok_lock
@@ -176,8 +175,6 @@ class LlamaCppEngine:
         argv = [str(self.llama.server), "-m", str(self.model_gguf), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(self.max_model_len), "-np", str(self.max_batch_size), "--kv-unified",
                 "-t", str(self.threads), "-tb", str(self.threads), "--no-webui"]
-        if self.quantized:  # repacked 4-bit weights crash llama-server 0.3.36 on AMX CPUs (bench/results/i51)
-            argv.append("--no-repack")
         return argv + (["--lora", str(adapter)] if adapter is not None else [])
 
     def _spawn(self, adapter: Path | None, version: int) -> Instance:
@@ -447,8 +444,7 @@ def build_engine(e: Any, data_dir: str) -> tuple[LlamaCppEngine, Path, int]:
     eos = eos_token_ids(SimpleNamespace(generation_config=gen), tokenizer)
     max_len = serving_length(e.max_model_len, context_limit(AutoConfig.from_pretrained(str(root))), e.rope_scaling)
     engine = LlamaCppEngine(llama, gguf, root, tokenizer, eos, work_dir=work, max_batch_size=e.max_batch_size,
-                            max_model_len=max_len, threads=e.threads, logprobs_mode=e.logprobs_mode,
-                            quantized=e.quantization == "q4_k_m")
+                            max_model_len=max_len, threads=e.threads, logprobs_mode=e.logprobs_mode)
     return engine, root, max_len
 
 
