@@ -208,6 +208,8 @@ def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, c: float = 0.03, seed: in
     ws, bs = [], []
     for _ in range(k):
         idx = rng.integers(0, len(y), len(y))
+        while len(np.unique(y[idx])) < len(np.unique(y)):  # a small slice's resample can miss a class
+            idx = rng.integers(0, len(y), len(y))
         model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced").fit(z[idx], y[idx])
         ws.append(model.coef_.T)
         bs.append(model.intercept_)
