@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,15 @@ from _stream import decode_rate, stream_body
 from bandwidth import memory_bandwidth
 from quant_serving import prompt_of, serving_bytes
 
+from clawproxy.errors import ClawproxyError
+from clawproxy.httpjson import open_url
+
 ENGINES = {  # name -> engine settings
     "vllm": {"kind": "vllm", "dtype": "bfloat16", "quantization": "none", "kv_cache_gb": 2},
     "llamacpp-bf16": {"kind": "llamacpp", "dtype": "bfloat16", "quantization": "none"},
     "llamacpp-q4km": {"kind": "llamacpp", "dtype": "bfloat16", "quantization": "q4_k_m"},
 }
 MODEL = "qwen2.5-coder-1.5b"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def chat(text: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -71,9 +72,9 @@ class Engine:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{name} exited: {self.log.read_text()[-2000:]}")
             try:
-                with _OPENER.open(self.url + "/health", timeout=2):
+                with open_url("GET", self.url + "/health", timeout=2):
                     break
-            except OSError:
+            except (OSError, ClawproxyError):
                 time.sleep(0.5)
         self.start_s = time.perf_counter() - t0
 

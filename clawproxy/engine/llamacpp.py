@@ -30,8 +30,8 @@ import json
 import logging
 import math
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,12 +54,6 @@ def _die_with_parent() -> None:
     """Runs in the llama-server child before exec: SIGTERM when the engine process dies."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def convert_model(llama: LlamaCpp, model_dir: Path, out: Path, outtype: str) -> Path:
@@ -90,14 +84,21 @@ def _run_script(llama: LlamaCpp, args: list[str]) -> None:
     log.info("%s %s: %.1fs", Path(args[0]).name, Path(args[1]).name, time.perf_counter() - t0)
 
 
-class Instance:
-    """One llama-server child: one model file and at most one adapter, at one weight version."""
+LISTENING = re.compile(rb"listening on http://[^\s:]+:(\d+)")
 
-    def __init__(self, argv: list[str], port: int, version: int, log_path: Path) -> None:
-        self.port, self.version = port, version
+
+class Instance:
+    """One llama-server child: one model file and at most one adapter, at one weight version. It
+    binds a port of its own choosing (``--port 0``), read from its log: no port picked here can be
+    taken by another process before the server binds it."""
+
+    def __init__(self, argv: list[str], version: int, log_path: Path) -> None:
+        self.port = 0
+        self.version = version
         self.inflight = 0
         self.retired = False
         self.log_path = log_path
+        self._log_from = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          preexec_fn=_die_with_parent)
@@ -112,6 +113,11 @@ class Instance:
             if self.proc.poll() is not None:
                 raise EngineError(f"llama-server exited with {self.proc.returncode} while starting:\n"
                                   f"{self.log_tail()}", status=500)
+            if not self.port:
+                self.port = self._listening_port()
+                if not self.port:
+                    time.sleep(0.05)
+                    continue
             conn = self.connection(timeout=2)
             try:
                 conn.request("GET", "/health")
@@ -124,6 +130,12 @@ class Instance:
             time.sleep(0.05)
         self.stop()
         raise EngineError(f"llama-server did not answer /health within {timeout:g} s:\n{self.log_tail()}", status=504)
+
+    def _listening_port(self) -> int:
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_from)
+            found = LISTENING.search(f.read())
+        return int(found.group(1)) if found else 0
 
     def log_tail(self, lines: int = 12) -> str:
         try:
@@ -171,16 +183,15 @@ class LlamaCppEngine:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def argv(self, port: int, adapter: Path | None) -> list[str]:
-        argv = [str(self.llama.server), "-m", str(self.model_gguf), "--host", "127.0.0.1", "--port", str(port),
+    def argv(self, adapter: Path | None) -> list[str]:
+        argv = [str(self.llama.server), "-m", str(self.model_gguf), "--host", "127.0.0.1", "--port", "0",
                 "-c", str(self.max_model_len), "-np", str(self.max_batch_size), "--kv-unified",
                 "-t", str(self.threads), "-tb", str(self.threads), "--no-webui"]
         return argv + (["--lora", str(adapter)] if adapter is not None else [])
 
     def _spawn(self, adapter: Path | None, version: int) -> Instance:
-        port = free_port()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        inst = Instance(self.argv(port, adapter), port, version, self.work_dir / "llama-server.log")
+        inst = Instance(self.argv(adapter), version, self.work_dir / "llama-server.log")
         with self._cond:
             self._instances.append(inst)
         try:
