@@ -32,6 +32,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -305,7 +306,7 @@ class LlamaCppEngine:
         with self._cond:
             entry = self._running.get(req.id)
             if entry is not None and entry[2] is not None:
-                entry[2].close()  # llama-server ends a request whose client went away
+                _hang_up(entry[2])  # llama-server ends a request whose client went away
             self._cond.notify_all()
 
     def _abort(self, req: GenRequest, conn: http.client.HTTPConnection | None) -> None:
@@ -313,7 +314,7 @@ class LlamaCppEngine:
             req.finished = True
             req.emit(StepEvent([], [], [], "", self._version, finish_reason="abort"))
         if conn is not None:
-            conn.close()
+            _hang_up(conn)
 
     def _serve(self, req: GenRequest) -> None:
         with self._cond:
@@ -349,6 +350,7 @@ class LlamaCppEngine:
         return {
             "prompt": req.prompt_ids, "n_predict": max(1, min(p.max_tokens, room)), "stream": True,
             "return_tokens": True, "cache_prompt": True,
+            "timings_per_token": True,  # the first token's timings say how much of the prompt was cached
             "n_probs": max(1, p.top_logprobs), "post_sampling_probs": self.post_sampling,
             "temperature": p.temperature, "top_p": p.top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
             "xtc_probability": 0.0, "dry_multiplier": 0.0, "top_n_sigma": -1.0,
@@ -373,10 +375,14 @@ class LlamaCppEngine:
                 if "error" in event:
                     raise ValueError(str(event["error"]))
                 self._events(req, inst, event)
-                if event.get("stop") and not req.finished:
+                if req.finished:  # a stop string or the length: hang up, llama-server stops there
+                    return
+                if event.get("stop"):
                     # llama-server stopped first (an end-of-generation token clawproxy does not count as EOS)
                     req.finished = True
                     req.emit(StepEvent([], [], [], "", inst.version, finish_reason="stop"))
+            if not (req.finished or req.cancelled):
+                raise ValueError("the stream ended before the answer did (did llama-server exit?)")
         finally:
             conn.close()
 
@@ -384,6 +390,7 @@ class LlamaCppEngine:
         timings = event.get("timings")
         if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int) and not req.completion_ids:
             req.cached_tokens = timings["cache_n"]
+            self.prefix_tokens_reused += req.cached_tokens
         for entry in event.get("completion_probabilities") or ():
             if req.finished:
                 return
@@ -393,6 +400,15 @@ class LlamaCppEngine:
                 ev = advance(req, int(entry["id"]), _logprob(entry), top, detok=self._detok, eos_ids=self.eos_ids,
                              max_model_len=self.max_model_len, version=inst.version)
             req.emit(ev)
+
+
+def _hang_up(conn: http.client.HTTPConnection) -> None:
+    """End a connection another thread may be reading: shutdown wakes its blocked read at once."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
 
 
 def _sse(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
