@@ -11,10 +11,11 @@ sampling, from the raw logits, as vLLM's ``raw_logprobs``; ``processed_logprobs`
 after the sampler chain).
 
 Weights. llama-server reads adapter files only at start, so each published version is served by
-a new llama-server: the PEFT adapter (or full checkpoint) is converted to GGUF by llama.cpp's own
-script, a second server starts beside the serving one, and new requests go to it once it answers
-``/health``. Requests already running finish on the old server, which then stops: no request
-fails across a publish. One adapter is served at a time (``EngineSpec.adapters_by_name`` False).
+a new llama-server: the PEFT adapter is written as a GGUF adapter in this process (``gguf_lora``;
+llama.cpp's own script for other architectures and for a full checkpoint), a second server starts
+beside the serving one, and new requests go to it once it answers ``/health``. Requests already
+running finish on the old server, which then stops: no request fails across a publish. One
+adapter is served at a time (``EngineSpec.adapters_by_name`` False).
 
 Pause: llama-server cannot freeze a running request. ``keep`` and ``wait`` hold new requests and
 let running ones finish on the weights they started with (``wait`` returns once they have);
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from clawproxy.engine.core import GenRequest, StepEvent, advance
+from clawproxy.engine.gguf_lora import convertible, write_adapter
 from clawproxy.engine.llamacpp_build import LlamaCpp
 from clawproxy.errors import EngineError
 
@@ -68,8 +70,16 @@ def convert_model(llama: LlamaCpp, model_dir: Path, out: Path, outtype: str) -> 
 
 
 def convert_adapter(llama: LlamaCpp, adapter_dir: Path, base_dir: Path, out: Path) -> Path:
-    """A PEFT LoRA adapter as a GGUF adapter (``convert_lora_to_gguf.py``, float32: the trainer's)."""
+    """A PEFT LoRA adapter as a GGUF adapter, float32 as the trainer's: in this process where
+    ``gguf_lora`` knows the architecture, else by ``convert_lora_to_gguf.py``."""
     tmp = _mkdir(out.parent) / (out.name + ".part")
+    t0 = time.perf_counter()
+    if write_adapter(llama.root, adapter_dir, base_dir, tmp) is not None:
+        tmp.rename(out)
+        log.info("adapter %s written as GGUF in %.2fs", adapter_dir.name, time.perf_counter() - t0)
+        return out
+    log.info("adapter %s: converting with convert_lora_to_gguf.py (%s)", adapter_dir.name,
+             convertible(adapter_dir, base_dir) or "tensors it does not rename")
     _run_script(llama, [str(llama.convert_lora), str(adapter_dir), "--base", str(base_dir),
                         "--outtype", "f32", "--outfile", str(tmp)])
     tmp.rename(out)
