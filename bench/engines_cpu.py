@@ -12,7 +12,8 @@ client (a streamed chat request through clawproxy's own stream reader):
   prompt with a new last line (a later session's turn 1: the shared prefix is cached);
 - the served log-probs of a 64-token greedy answer against the trainer's float32 forward pass;
 - llamacpp only: publishing a random LoRA adapter (rank 16, q/k/v/o) while two users stream answers:
-  seconds from the call to the new version serving, and failed requests.
+  seconds from the call to the new version serving, and failed requests; beside it, llama.cpp's
+  ``convert_lora_to_gguf.py`` on the same adapter (the conversion a publish ran before).
 
     .venv/bin/python bench/engines_cpu.py [--engines vllm,llamacpp-bf16,llamacpp-q4km] --out bench/results/i51/engines-cpu.json
     .venv/bin/python bench/engines_cpu.py --engines llamacpp-bf16 --model default --tokens 8 --prompt-tokens 300  # tiny
@@ -149,7 +150,22 @@ def publish_under_load(url: str, adapter: Path) -> dict[str, Any]:
     for t in users:
         t.join(300)
     return {"publish_to_serving_s": round(seconds, 2), "requests": len(served) + len(failures),
-            "failed": len(failures), "served_by_v1": served.count(1), "errors": failures[:3]}
+            "failed": len(failures), "served_by_v1": served.count(1), "errors": failures[:3],
+            "script_convert_s": script_convert_s(adapter)}
+
+
+def script_convert_s(adapter: Path) -> float:
+    """The baseline in the same run: llama.cpp's convert_lora_to_gguf.py on the same adapter (what
+    a publish ran before the engine wrote adapters itself)."""
+    from clawproxy.engine.llamacpp import _run_script
+
+    llama = _llama()
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        _run_script(llama, [str(llama.convert_lora), str(adapter), "--base", base, "--outtype", "f32",
+                            "--outfile", str(Path(tmp) / "adapter.gguf")])
+        return round(time.perf_counter() - t0, 2)
 
 
 def main() -> None:
