@@ -11,9 +11,10 @@ client (a streamed chat request through clawproxy's own stream reader):
 - TTFT of a ~``--prompt-tokens``-token prompt on a fresh server (no prefix hit), then of the same
   prompt with a new last line (a later session's turn 1: the shared prefix is cached);
 - the served log-probs of a 64-token greedy answer against the trainer's float32 forward pass;
-- llamacpp only: publishing a random LoRA adapter (rank 16, q/k/v/o) while two users stream answers:
-  seconds from the call to the new version serving, and failed requests; beside it, llama.cpp's
-  ``convert_lora_to_gguf.py`` on the same adapter (the conversion a publish ran before).
+- llamacpp only: publishing a random LoRA adapter (rank 16, q/k/v/o, served by name as
+  ``clawproxy``) while two users stream answers: seconds from the call to the new version serving,
+  and failed requests; beside it, llama.cpp's ``convert_lora_to_gguf.py`` on the same adapter (the
+  conversion a publish ran before).
 
     .venv/bin/python bench/engines_cpu.py [--engines vllm,llamacpp-bf16,llamacpp-q4km] --out bench/results/i51/engines-cpu.json
     .venv/bin/python bench/engines_cpu.py --engines llamacpp-bf16 --model default --tokens 8 --prompt-tokens 300  # tiny
@@ -129,12 +130,14 @@ def publish_under_load(url: str, adapter: Path) -> dict[str, Any]:
 
     failures: list[str] = []
     served = []
-    done = threading.Event()
+    done, published = threading.Event(), threading.Event()
 
     def talk() -> None:
         while not done.is_set():
+            # the adapter is served by name: the proxy names it once it is published (proxy/routing.py)
+            model = "clawproxy" if published.is_set() else "bench"
             try:
-                res = stream_body(url, chat("Name a colour.", 16))
+                res = stream_body(url, {**chat("Name a colour.", 16), "model": model})
                 served.append(res["version"])
             except Exception as err:  # noqa: BLE001 (a failed request is the figure)
                 failures.append(repr(err))
@@ -146,6 +149,10 @@ def publish_under_load(url: str, adapter: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     EngineClient(url, kind="llamacpp", timeout=600).load_weights(str(adapter), 1, lora=True)
     seconds = time.perf_counter() - t0
+    published.set()
+    deadline = time.monotonic() + 300
+    while 1 not in served and not failures and time.monotonic() < deadline:
+        time.sleep(0.1)
     done.set()
     for t in users:
         t.join(300)

@@ -249,7 +249,7 @@ def share(name: str, on: bool, config_path: str | None, data_dir: str | None) ->
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @config_options
 def remove(name: str, yes: bool, config_path: str | None, data_dir: str | None) -> None:
-    """Remove NAME: their key, sessions, turns, train steps and adapter (files, and from vLLM)."""
+    """Remove NAME: their key, sessions, turns, train steps and adapter (files, and from the engine)."""
     cfg = build_config(config_path, data_dir)
     store = _store(cfg)
     try:
@@ -268,17 +268,19 @@ def remove(name: str, yes: bool, config_path: str | None, data_dir: str | None) 
     finally:
         store.close()
     click.echo(f"removed user {name}: their data and {len(paths)} checkpoint(s)"
-               + ("; vLLM unloaded their adapter" if unloaded else ""))
+               + ("; the engine unloaded their adapter" if unloaded else ""))
 
 
 def _unload(cfg: Config, name: str) -> bool:
-    """Unload the adapter from a running vLLM, if one answers and has it."""
+    """Unload the adapter from a running engine that serves adapters by name, if one answers and has it."""
     if not cfg.engine.spec.adapters_by_name:
         return False
     from clawproxy.engine.client import EngineClient
 
     try:
-        EngineClient(cfg.engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, timeout=5.0).unload_adapter(name)
-    except ClawproxyError:  # no vLLM running, or it never loaded this adapter
+        # reload_timeout: llama.cpp unloads by starting a llama-server without the adapter
+        EngineClient(cfg.engine_url, kind=cfg.engine.kind, token=cfg.engine.control_token, timeout=5.0,
+                     reload_timeout=120.0).unload_adapter(name)
+    except ClawproxyError:  # no engine running, or it never loaded this adapter
         return False
     return True

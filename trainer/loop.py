@@ -457,8 +457,9 @@ class Trainer:
             raise ConfigError("this proxy has users, and each user trains an adapter of their own: set "
                               "trainer.finetune: lora (full fine-tuning has one set of weights for everyone).")
         if self.engine is not None and not self.engine.spec.adapters_by_name:
-            raise ConfigError("this proxy has users, whose adapters a vLLM engine serves side by side; the "
-                              "embedded engine serves one adapter for everyone: use engine.kind vllm.")
+            raise ConfigError("this proxy has users, whose adapters the vLLM and llama.cpp engines serve side "
+                              "by side; the embedded engine serves one adapter for everyone: use engine.kind "
+                              "vllm or llamacpp.")
 
     def step(self, batch: Batch) -> StepResult:
         """Train on ``batch``, gate the new weights, then publish them or go back to the last published."""

@@ -11,7 +11,7 @@ Routes, as read in the vLLM 0.33.0 wheel (``vllm/entrypoints/...``); vLLM >= 0.1
 (``MIN_VLLM``): 0.15 has no ``keep`` pause and its ``reload_weights`` takes no path.
 
 ==================  ===============================================  ==============================
-verb                vLLM (route needs)                                embedded engine
+verb                vLLM (route needs)                                clawproxy's engine server
 ==================  ===============================================  ==============================
 version             ``GET /version`` -> ``{"version": "0.33.0"}``     none (not checked)
 health              ``GET /health`` (200, empty body)                 same (JSON body)
@@ -22,7 +22,9 @@ reload (full)       ``POST /collective_rpc`` (dev mode)               ``POST /re
                     ``{"method": "reload_weights",                    ``{"weights_path", "weight_version"}``
                     "kwargs": {"weights_path": dir}}``
 reload (LoRA)       ``POST /v1/load_lora_adapter``                    same, plus ``weight_version``
-                    (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``)
+                    (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``)          (llamacpp: by name, as vLLM;
+                                                                      embedded: merged, name unused)
+unload (LoRA)       ``POST /v1/unload_lora_adapter``                  llamacpp: same; embedded: 404
 reset prefix cache  ``POST /reset_prefix_cache`` (dev mode);          same (a no-op there)
                     0.33 answers ``{"success": false}`` while
                     requests hold blocks
@@ -245,8 +247,8 @@ class EngineClient:
         self._request("POST", "/v1/load_lora_adapter", body, timeout=self.reload_timeout)
 
     def unload_adapter(self, name: str) -> None:
-        """``POST /v1/unload_lora_adapter``: vLLM forgets the adapter ``name`` (404 if it has none)."""
-        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        """``POST /v1/unload_lora_adapter``: the engine forgets the adapter ``name`` (404 if it has none)."""
+        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=self.reload_timeout)
 
     def load_weights(self, path: str, version: int, lora: bool = False) -> int:
         """Swap in the checkpoint at ``path`` as weight version ``version``; return the version.

@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -107,6 +107,7 @@ class GenRequest:
     emit: Callable[[StepEvent], object]  # its result is ignored
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     cancelled: bool = False
+    adapter: str | None = None  # the LoRA adapter it names (an engine that serves them by name); None: the base
     # worker-side state
     completion_ids: list[int] = field(default_factory=list)
     sent_chars: int = 0
@@ -124,6 +125,9 @@ class Serving(Protocol):
 
     tokenizer: Any
     tokenizer_lock: threading.Lock
+    # True: it also is a ``ServesAdapters`` (each LoRA adapter under its own name, beside the base);
+    # False: ``load_lora`` merges the one adapter into the weights everyone gets
+    adapters_by_name: bool
 
     @property
     def weight_version(self) -> int: ...
@@ -141,8 +145,27 @@ class Serving(Protocol):
     def reset_prefix_cache(self) -> None: ...
 
 
+class NamedAdapter(NamedTuple):
+    """A LoRA adapter served under its name: the PEFT directory it was loaded from, its weight version."""
+
+    path: str
+    version: int
+
+
+class ServesAdapters(Serving, Protocol):
+    """An engine that serves LoRA adapters by name beside the base model, as vLLM does; a request
+    picks one with its ``model`` (``GenRequest.adapter``)."""
+
+    def adapters(self) -> dict[str, NamedAdapter]: ...
+    def serving_version(self, adapter: str | None) -> int: ...
+    def load_lora(self, path: str | Path, version: int | None = None, name: str = "clawproxy") -> int: ...
+    def unload_lora(self, name: str) -> None: ...
+
+
 class Engine:
     """Owns the model; serves ``GenRequest``s from a worker thread; swaps weights between steps."""
+
+    adapters_by_name = False  # a LoRA adapter is merged into the one set of weights
 
     def __init__(
         self,

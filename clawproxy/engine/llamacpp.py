@@ -10,12 +10,21 @@ stop strings and length (``core.advance``). llama-server gets token ids on its n
 sampling, from the raw logits, as vLLM's ``raw_logprobs``; ``processed_logprobs`` asks for them
 after the sampler chain).
 
-Weights. llama-server reads adapter files only at start, so each published version is served by
-a new llama-server: the PEFT adapter is written as a GGUF adapter in this process (``gguf_lora``;
-llama.cpp's own script for other architectures and for a full checkpoint), a second server starts
-beside the serving one, and new requests go to it once it answers ``/health``. Requests already
-running finish on the old server, which then stops: no request fails across a publish. One
-adapter is served at a time (``EngineSpec.adapters_by_name`` False).
+Adapters by name, as vLLM serves them (``EngineSpec.adapters_by_name``): each LoRA adapter is
+loaded under a name, listed on ``/v1/models`` and picked by a request's ``model`` (the base's name:
+no adapter; an unknown name: vLLM's 404). One llama-server holds them all (``--lora`` each) and
+each ``/completion`` request sets every scale (``lora``: its adapter at 1, the others at 0), and
+with it the weight version its events carry. llama-server decodes only requests with equal scales
+in one batch (``can_batch_with``): requests for different adapters take turns, the lowest slot's
+first, rather than share a batch.
+
+Weights. llama-server reads adapter files only at start, so every load, unload or full reload is
+served by a new llama-server with the whole new set: the PEFT adapter is written as a GGUF adapter
+in this process (``gguf_lora``; llama.cpp's own script for other architectures and for a full
+checkpoint), a second server starts beside the serving one, and new requests go to it once it
+answers ``/health``. Requests already running finish on the old server, which then stops: no
+request fails across a publish. Each adapter file is named after its adapter and version, so a new
+conversion never rewrites a file a running server was started with.
 
 Pause: llama-server cannot freeze a running request. ``keep`` and ``wait`` hold new requests and
 let running ones finish on the weights they started with (``wait`` returns once they have);
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import http.client
 import json
 import logging
@@ -39,10 +49,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawproxy.engine.core import GenRequest, StepEvent, advance
+from clawproxy.engine.core import GenRequest, NamedAdapter, StepEvent, advance
 from clawproxy.engine.gguf_lora import convertible, write_adapter
 from clawproxy.engine.llamacpp_build import LlamaCpp
 from clawproxy.errors import EngineError
@@ -96,16 +107,29 @@ def _run_script(llama: LlamaCpp, args: list[str]) -> None:
 
 
 LISTENING = re.compile(rb"listening on http://[^\s:]+:(\d+)")
+FILE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter served by name: its PEFT directory (its ``root`` on ``/v1/models``), its
+    weight version and the GGUF file llama-server reads."""
+
+    name: str
+    path: str
+    version: int
+    gguf: Path
 
 
 class Instance:
-    """One llama-server child: one model file and at most one adapter, at one weight version. It
-    binds a port of its own choosing (``--port 0``), read from its log: no port picked here can be
-    taken by another process before the server binds it."""
+    """One llama-server child: one model file at one weight version, and the adapters it serves by
+    name. It binds a port of its own choosing (``--port 0``), read from its log: no port picked here
+    can be taken by another process before the server binds it."""
 
-    def __init__(self, argv: list[str], version: int, log_path: Path) -> None:
+    def __init__(self, argv: list[str], version: int, log_path: Path, adapters: tuple[Adapter, ...] = ()) -> None:
         self.port = 0
-        self.version = version
+        self.version = version  # of the model file: what a request for the base model gets
+        self.adapters = adapters  # in --lora order: a request's lora ids index it
         self.inflight = 0
         self.retired = False
         self.log_path = log_path
@@ -116,6 +140,18 @@ class Instance:
 
     def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def version_of(self, adapter: str | None) -> int | None:
+        """The weight version a request for ``adapter`` gets here (None: the base model's); None
+        when it serves no adapter of that name."""
+        if adapter is None:
+            return self.version
+        return next((a.version for a in self.adapters if a.name == adapter), None)
+
+    def lora(self, adapter: str | None) -> list[dict[str, Any]]:
+        """A ``/completion`` request's ``lora``: ``adapter`` at scale 1, every other one at 0. Never
+        left out: a request without it gets each adapter at its ``--lora`` scale, 1."""
+        return [{"id": i, "scale": 1.0 if a.name == adapter else 0.0} for i, a in enumerate(self.adapters)]
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Until ``/health`` answers 200 (503 while the model loads); EngineError if it exits."""
@@ -165,7 +201,9 @@ class Instance:
 
 
 class LlamaCppEngine:
-    """``core.Engine``'s interface (what ``engine/server.py`` drives) over llama-server children."""
+    """``core.ServesAdapters`` (what ``engine/server.py`` drives) over llama-server children."""
+
+    adapters_by_name = True
 
     def __init__(self, llama: LlamaCpp, model_gguf: Path, model_dir: Path, tokenizer: Any, eos_ids: set[int], *,
                  work_dir: Path, max_batch_size: int = 8, max_model_len: int = 8192, threads: int | None = None,
@@ -182,7 +220,8 @@ class LlamaCppEngine:
         self.max_batch_size, self.max_model_len = max_batch_size, max_model_len
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.post_sampling = logprobs_mode == "processed_logprobs"
-        self._version = weight_version
+        self._version = weight_version  # the last one loaded, of any adapter or the base (/weight_info)
+        self._base_version = weight_version  # the model file's
         self._cond = threading.Condition()
         self._pause_mode: str | None = None
         self._current: Instance | None = None
@@ -194,15 +233,21 @@ class LlamaCppEngine:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def argv(self, adapter: Path | None) -> list[str]:
+    def argv(self, adapters: tuple[Adapter, ...] = ()) -> list[str]:
         argv = [str(self.llama.server), "-m", str(self.model_gguf), "--host", "127.0.0.1", "--port", "0",
                 "-c", str(self.max_model_len), "-np", str(self.max_batch_size), "--kv-unified",
                 "-t", str(self.threads), "-tb", str(self.threads), "--no-webui"]
-        return argv + (["--lora", str(adapter)] if adapter is not None else [])
+        if not adapters:
+            return argv
+        # --cache-ram 0: the RAM prompt cache keys prompts by their tokens alone, and would hand a
+        # prompt's KV computed under one adapter to a request for another (a slot's own KV is dropped
+        # when its next request's scales differ)
+        return argv + [arg for a in adapters for arg in ("--lora", str(a.gguf))] + [
+            "--lora-init-without-apply", "--cache-ram", "0"]
 
-    def _spawn(self, adapter: Path | None, version: int) -> Instance:
+    def _spawn(self, adapters: tuple[Adapter, ...], version: int) -> Instance:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        inst = Instance(self.argv(adapter), version, self.work_dir / "llama-server.log")
+        inst = Instance(self.argv(adapters), version, self.work_dir / "llama-server.log", adapters)
         with self._cond:
             self._instances.append(inst)
         try:
@@ -215,7 +260,7 @@ class LlamaCppEngine:
         return inst
 
     def start(self) -> None:
-        self._switch(self._spawn(None, self._version))
+        self._switch(self._spawn((), self._base_version))
 
     def stop(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -236,7 +281,21 @@ class LlamaCppEngine:
 
     def load(self) -> dict[str, int | float]:
         return {"running": len(self._running), "waiting": self._waiting, "servers": len(self._instances),
-                "prefix_tokens_reused": self.prefix_tokens_reused}
+                "adapters": len(self._served()), "prefix_tokens_reused": self.prefix_tokens_reused}
+
+    def adapters(self) -> dict[str, NamedAdapter]:
+        """The adapters a new request may name: name -> its PEFT directory and weight version."""
+        return {name: NamedAdapter(a.path, a.version) for name, a in self._served().items()}
+
+    def serving_version(self, adapter: str | None) -> int:
+        """The weight version a new request for ``adapter`` gets (None: the base model)."""
+        inst = self._current
+        version = inst.version_of(adapter) if inst is not None else None
+        return self._base_version if version is None else version
+
+    def _served(self) -> dict[str, Adapter]:
+        inst = self._current
+        return {a.name: a for a in inst.adapters} if inst is not None else {}
 
     # -- weights ------------------------------------------------------------------------------
 
@@ -244,7 +303,6 @@ class LlamaCppEngine:
         """New requests go to ``inst``; the old server stops once its running requests are done."""
         with self._cond:
             old, self._current = self._current, inst
-            self._version = inst.version
             if old is not None:
                 old.retired = True
             self._cond.notify_all()
@@ -258,30 +316,61 @@ class LlamaCppEngine:
             self._instances.remove(inst)
         inst.stop()
 
-    def load_lora(self, path: str | Path, version: int | None = None) -> int:
-        """Serve the PEFT adapter at ``path`` from a new llama-server; switch to it once ready."""
+    def load_lora(self, path: str | Path, version: int | None = None, name: str = "clawproxy") -> int:
+        """Serve the PEFT adapter at ``path`` under ``name`` (in place of an adapter of that name),
+        beside the others, from a new llama-server; switch to it once ready."""
+        path = Path(path)
+        if not (path / "adapter_config.json").is_file():
+            raise EngineError(f"Loading lora {name} failed: No adapter found for {path}", status=404)
         with self._publish_lock:
             new = self._version + 1 if version is None else int(version)
             t0 = time.perf_counter()
-            gguf = convert_adapter(self.llama, Path(path), self.model_dir,
-                                   self.work_dir / "adapters" / f"v{new}.gguf")
-            self._switch(self._spawn(gguf, new))
-            log.info("serving LoRA %s as weight version %d after %.2fs", path, new, time.perf_counter() - t0)
+            self._sweep()
+            served = self._served()
+            gguf = self.work_dir / "adapters" / f"{_file_stem(name)}-v{new}.gguf"
+            same = served.get(name) == Adapter(name, str(path), new, gguf)
+            if not (same and gguf.exists()):  # the proxy loading again what serves already: nothing new
+                convert_adapter(self.llama, path, self.model_dir, gguf)
+            served[name] = Adapter(name, str(path), new, gguf)
+            self._switch(self._spawn(tuple(served.values()), self._base_version))
+            self._version = new
+            log.info("serving LoRA %s as %r, weight version %d, after %.2fs", path, name, new,
+                     time.perf_counter() - t0)
             return new
 
+    def unload_lora(self, name: str) -> None:
+        """Serve every adapter but ``name`` from a new llama-server; EngineError 404 if none has it."""
+        with self._publish_lock:
+            served = self._served()
+            if served.pop(name, None) is None:
+                raise EngineError(f"The lora adapter '{name}' cannot be found.", status=404)
+            self._sweep()
+            self._switch(self._spawn(tuple(served.values()), self._base_version))
+            log.info("unloaded LoRA %r", name)
+
     def reload_full(self, path: str | Path, version: int | None = None) -> int:
-        """Serve the full checkpoint at ``path`` (converted to GGUF) from a new llama-server."""
+        """Serve the full checkpoint at ``path`` (converted to GGUF), with the adapters loaded, from
+        a new llama-server."""
         with self._publish_lock:
             new = self._version + 1 if version is None else int(version)
             outtype = GGUF_TYPES.get(_checkpoint_dtype(Path(path)), "f32")
             gguf = convert_model(self.llama, Path(path), self.work_dir / "full" / f"v{new}.gguf", outtype)
             old_gguf, self.model_gguf = self.model_gguf, gguf
             try:
-                self._switch(self._spawn(None, new))
+                self._switch(self._spawn(tuple(self._served().values()), new))
             except EngineError:
                 self.model_gguf = old_gguf
                 raise
+            self._version = self._base_version = new
             return new
+
+    def _sweep(self) -> None:
+        """Delete the adapter files no llama-server reads any more (those a retired one read)."""
+        with self._cond:
+            used = {a.gguf for inst in self._instances for a in inst.adapters}
+        for f in (self.work_dir / "adapters").glob("*.gguf"):
+            if f not in used:
+                f.unlink(missing_ok=True)
 
     def reset_prefix_cache(self) -> None:
         """Nothing to drop: a new version is a new server, whose cache starts empty."""
@@ -322,7 +411,7 @@ class LlamaCppEngine:
     def _abort(self, req: GenRequest, conn: http.client.HTTPConnection | None) -> None:
         if not req.finished:
             req.finished = True
-            req.emit(StepEvent([], [], [], "", self._version, finish_reason="abort"))
+            req.emit(StepEvent([], [], [], "", req.kv_version, finish_reason="abort"))
         if conn is not None:
             _hang_up(conn)
 
@@ -335,14 +424,23 @@ class LlamaCppEngine:
                 return
             inst = self._current
             assert inst is not None
-            inst.inflight += 1
-            self._running[req.id] = (req, inst, None)
+            version = inst.version_of(req.adapter)
+            if version is not None:
+                req.kv_version = version  # every event of the request carries it
+                inst.inflight += 1
+                self._running[req.id] = (req, inst, None)
+        if version is None:  # unloaded after the server checked the name
+            req.finished = True
+            ev = StepEvent([], [], [], "", inst.version, finish_reason="abort")
+            ev.error = f"The model `{req.adapter}` does not exist."
+            req.emit(ev)
+            return
         try:
             self._generate(req, inst)
         except (OSError, http.client.HTTPException, ValueError) as err:
             if not req.finished and not req.cancelled:
                 req.finished = True
-                ev = StepEvent([], [], [], "", inst.version, finish_reason="abort")
+                ev = StepEvent([], [], [], "", version, finish_reason="abort")
                 ev.error = f"llama-server: {err}"
                 req.emit(ev)
         finally:
@@ -352,12 +450,14 @@ class LlamaCppEngine:
                 self._cond.notify_all()
             self._retire(inst)
 
-    def body(self, req: GenRequest) -> dict[str, Any]:
-        """The ``/completion`` request: the prompt's ids, clawproxy's sampling, llama.cpp's extra
-        samplers off, and the log-prob of each sampled token (``n_probs`` >= 1)."""
+    def body(self, req: GenRequest, inst: Instance) -> dict[str, Any]:
+        """The ``/completion`` request: the prompt's ids, the adapter scales, clawproxy's sampling,
+        llama.cpp's extra samplers off, and the log-prob of each sampled token (``n_probs`` >= 1)."""
         p = req.params
         room = self.max_model_len - len(req.prompt_ids)
+        lora = {"lora": inst.lora(req.adapter)} if inst.adapters else {}
         return {
+            **lora,
             "prompt": req.prompt_ids, "n_predict": max(1, min(p.max_tokens, room)), "stream": True,
             "return_tokens": True, "cache_prompt": True,
             "timings_per_token": True,  # the first token's timings say how much of the prompt was cached
@@ -375,7 +475,8 @@ class LlamaCppEngine:
             if req.id in self._running:
                 self._running[req.id] = (req, inst, conn)
         try:
-            conn.request("POST", "/completion", json.dumps(self.body(req)), {"Content-Type": "application/json"})
+            conn.request("POST", "/completion", json.dumps(self.body(req, inst)),
+                         {"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}")
@@ -384,19 +485,19 @@ class LlamaCppEngine:
                     return
                 if "error" in event:
                     raise ValueError(str(event["error"]))
-                self._events(req, inst, event)
+                self._events(req, event)
                 if req.finished:  # a stop string or the length: hang up, llama-server stops there
                     return
                 if event.get("stop"):
                     # llama-server stopped first (an end-of-generation token clawproxy does not count as EOS)
                     req.finished = True
-                    req.emit(StepEvent([], [], [], "", inst.version, finish_reason="stop"))
+                    req.emit(StepEvent([], [], [], "", req.kv_version, finish_reason="stop"))
             if not (req.finished or req.cancelled):
                 raise ValueError("the stream ended before the answer did (did llama-server exit?)")
         finally:
             conn.close()
 
-    def _events(self, req: GenRequest, inst: Instance, event: dict[str, Any]) -> None:
+    def _events(self, req: GenRequest, event: dict[str, Any]) -> None:
         timings = event.get("timings")
         if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int) and not req.completion_ids:
             req.cached_tokens = timings["cache_n"]
@@ -408,8 +509,13 @@ class LlamaCppEngine:
                                                                ())][: req.params.top_logprobs]
             with self._detok_lock:
                 ev = advance(req, int(entry["id"]), _logprob(entry), top, detok=self._detok, eos_ids=self.eos_ids,
-                             max_model_len=self.max_model_len, version=inst.version)
+                             max_model_len=self.max_model_len, version=req.kv_version)
             req.emit(ev)
+
+
+def _file_stem(name: str) -> str:
+    """An adapter name as a file name: itself when it is one, else a digest of it."""
+    return name if FILE_NAME.fullmatch(name) and not name.startswith(".") else hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 def _hang_up(conn: http.client.HTTPConnection) -> None:

@@ -25,12 +25,19 @@ Control routes (vLLM dev mode, ``vllm/entrypoints/serve/dev/rlhf/api_router.py``
 ``POST /reset_prefix_cache`` (drops the engine's prefix cache; a reload also does),
 ``POST /collective_rpc`` (only ``method: "reload_weights"`` with ``kwargs.weights_path``, the
 call vLLM users make to reload from disk), ``POST /v1/load_lora_adapter``
-(``{"lora_name", "lora_path"}`` as vLLM's LoRA route; the adapter is merged into the base
-weights), and ours: ``POST /reload_weights {"weights_path", "weight_version"}`` and
+(``{"lora_name", "lora_path"}`` as vLLM's LoRA route, plus our ``weight_version``), and ours:
+``POST /reload_weights {"weights_path", "weight_version"}`` and
 ``GET /weight_info`` -> ``{"weight_version": N}`` (the route newer vLLM uses for its version
 string; ours is an integer). Control routes are open to loopback clients only, unless a control
 token is set, in which case ``Authorization: Bearer <token>`` is required from everyone (the guard
 the proxy uses too, ``clawproxy/edge.py``).
+
+LoRA adapters: the embedded engine merges the adapter into the weights every request gets. An
+engine that serves them by name (``Serving.adapters_by_name``: llama.cpp) does what vLLM does:
+``/v1/models`` lists each adapter (``root`` its directory, ``parent`` the base's name), a request's
+``model`` picks one (``The model `X` does not exist.``, 404, for a name it does not serve), its
+chunks carry that adapter's weight version, ``load_inplace`` replaces an adapter of the same name,
+and ``POST /v1/unload_lora_adapter {"lora_name"}`` drops one.
 """
 
 from __future__ import annotations
@@ -43,17 +50,17 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
 from clawproxy.chat_template import render_chat
 from clawproxy.edge import control_route, error_response
-from clawproxy.engine.core import GenRequest, SamplingParams, Serving, StepEvent
+from clawproxy.engine.core import GenRequest, SamplingParams, ServesAdapters, Serving, StepEvent
 from clawproxy.engine.spec import engine_spec
 from clawproxy.engine.toolcalls import tool_names
 from clawproxy.engine.tools import ToolCallStreamParser
-from clawproxy.errors import ClawproxyError, RequestError, error_body
+from clawproxy.errors import ClawproxyError, NotFound, RequestError, error_body
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,16 @@ SETTINGS = web.AppKey("settings", ServerSettings)
 
 def _error(err: ClawproxyError) -> web.Response:
     return error_response(err, vllm=True)
+
+
+def _named(engine: Serving) -> ServesAdapters | None:
+    """The engine, where it serves LoRA adapters by name; None where it merges its one adapter."""
+    return cast(ServesAdapters, engine) if engine.adapters_by_name else None
+
+
+def _serving_version(engine: Serving, adapter: str | None) -> int:
+    named = _named(engine)
+    return engine.weight_version if named is None else named.serving_version(adapter)
 
 
 def create_app(engine: Serving, settings: ServerSettings) -> web.Application:
@@ -109,6 +126,7 @@ def create_app(engine: Serving, settings: ServerSettings) -> web.Application:
         ("POST", "/reload_weights", reload_weights),
         ("POST", "/collective_rpc", collective_rpc),
         ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+        ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
         ("GET", "/weight_info", weight_info),
         ("GET", "/get_weight_version", weight_info),
     ):
@@ -130,18 +148,18 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
+    """The base model's card, then (as vLLM's ``show_available_models``) one per adapter served by name."""
     s = request.app[SETTINGS]
-    card = {
-        "id": s.served_model_name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "clawproxy",
-        "root": s.model_root,
-        "parent": None,
-        "max_model_len": s.max_model_len,
-        "permission": [],
-    }
-    return web.json_response({"object": "list", "data": [card]})
+    named = _named(request.app[ENGINE])
+
+    def card(id_: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
+        return {"id": id_, "object": "model", "created": int(time.time()), "owned_by": "clawproxy",
+                "root": root, "parent": parent, "max_model_len": max_model_len, "permission": []}
+
+    cards = [card(s.served_model_name, s.model_root, None, s.max_model_len)]
+    if named is not None:
+        cards += [card(name, a.path, s.served_model_name, None) for name, a in named.adapters().items()]
+    return web.json_response({"object": "list", "data": cards})
 
 
 @dataclass
@@ -155,6 +173,7 @@ class ChatJob:
     return_token_ids: bool
     parse_tools: bool
     tool_names: set[str] | None = None  # what the request offered: other names stay text, as in vLLM
+    adapter: str | None = None  # the LoRA adapter its model names (an engine serving them by name)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -174,11 +193,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prompt_ids=job.prompt_ids,
         params=job.params,
         emit=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
+        adapter=job.adapter,
     )
     meta = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
-        "model": settings.served_model_name,
+        "model": job.adapter or settings.served_model_name,
     }
     engine.submit(req)
     try:
@@ -194,6 +214,7 @@ def _prepare(engine: Serving, settings: ServerSettings, body: Any) -> ChatJob:
     """Validate the request (OpenAI + vLLM extras) and render the prompt with the chat template."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
+    adapter = _adapter(engine, settings, body.get("model"))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", param="messages")
@@ -290,7 +311,20 @@ def _prepare(engine: Serving, settings: ServerSettings, body: Any) -> ChatJob:
         return_token_ids=bool(body.get("return_token_ids", False)),
         parse_tools=bool(tools),
         tool_names=tool_names(tools),
+        adapter=adapter,
     )
+
+
+def _adapter(engine: Serving, settings: ServerSettings, model: Any) -> str | None:
+    """The adapter a request's ``model`` names (None: the base model), where the engine serves them by
+    name; vLLM's 404 for a name it does not serve (``_check_model``), which the proxy answers by loading
+    the adapter again (``proxy/routing.py``). The embedded engine serves any name."""
+    named = _named(engine)
+    if named is None or model is None or model == settings.served_model_name:
+        return None
+    if isinstance(model, str) and model in named.adapters():
+        return model
+    raise NotFound(f"The model `{model}` does not exist.", param="model")
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -369,7 +403,7 @@ async def _stream(
         headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
-            "x-weight-version": str(engine.weight_version),
+            "x-weight-version": str(_serving_version(engine, job.adapter)),
         }
     )
     await resp.prepare(request)
@@ -391,9 +425,9 @@ async def _stream(
 
     try:
         first_extra: dict[str, Any] = {"prompt_token_ids": job.prompt_ids} if job.return_token_ids else {}
-        await resp.write(chunk({"role": "assistant", "content": ""}, engine.weight_version, **first_extra))
+        version = _serving_version(engine, job.adapter)
+        await resp.write(chunk({"role": "assistant", "content": ""}, version, **first_extra))
         n_completion, cached = 0, 0
-        version = engine.weight_version
         async for ev in _events(queue):
             version, cached = ev.weight_version, ev.cached_tokens or cached
             n_completion += len(ev.token_ids)
@@ -552,9 +586,33 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     path = body.get("lora_path")
     if not isinstance(path, str) or not path:
         raise RequestError("'lora_path' (a PEFT adapter directory) is required", param="lora_path")
-    version = await asyncio.to_thread(request.app[ENGINE].load_lora, Path(path), _version_arg(body))
-    name = body.get("lora_name", "adapter")
+    engine, name = request.app[ENGINE], body.get("lora_name")
+    named = _named(engine)
+    if named is None:
+        version = await asyncio.to_thread(engine.load_lora, Path(path), _version_arg(body))
+        name = name or "adapter"
+    else:
+        # vLLM's checks (_check_load_lora_adapter_request)
+        if not isinstance(name, str) or not name:
+            raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", param="lora_name")
+        if name == request.app[SETTINGS].served_model_name:
+            raise RequestError(f"The lora adapter '{name}' conflicts with a served base model.", param="lora_name")
+        if not body.get("load_inplace") and name in named.adapters():
+            raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                               "adapter in place, set 'load_inplace' to True.", param="lora_name")
+        version = await asyncio.to_thread(named.load_lora, Path(path), _version_arg(body), name)
     return web.json_response(
         {"status": "ok", "weight_version": version,
          "message": f"Success: LoRA adapter '{name}' added successfully."}
     )
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    named = _named(request.app[ENGINE])
+    if named is None:
+        raise NotFound("this engine merges its adapter into the weights: load another, or reload the base")
+    name = (await _json_body(request)).get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise RequestError("'lora_name' needs to be provided to unload a LoRA adapter.", param="lora_name")
+    await asyncio.to_thread(named.unload_lora, name)
+    return web.json_response({"status": "ok", "message": f"Success: LoRA adapter '{name}' removed successfully."})

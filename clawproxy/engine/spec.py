@@ -20,8 +20,8 @@ EngineKind = Literal["vllm", "embedded", "llamacpp"]
 @dataclass(frozen=True)
 class EngineSpec:
     kind: EngineKind
-    # each LoRA adapter is served under its own model name beside the base (vLLM), so every user's
-    # adapter can be served at once; False: one adapter merged into the one served model
+    # each LoRA adapter is served under its own model name beside the base (vLLM, llama.cpp), so every
+    # user's adapter can be served at once; False: one adapter merged into the one served model
     adapters_by_name: bool
     # GET /weight_info always says which version serves; False: a server may not (vLLM 0.32), so the
     # client holds the version and starts from the store's published one
@@ -43,7 +43,7 @@ SPECS: dict[str, EngineSpec] = {
     "embedded": EngineSpec("embedded", adapters_by_name=False, reports_weight_version=True, quantizations=(),
                            checks_control_plane=False, tools_as_text=True, vllm_routes=False),
     # clawproxy's engine server over llama.cpp's llama-server (clawproxy/engine/llamacpp.py)
-    "llamacpp": EngineSpec("llamacpp", adapters_by_name=False, reports_weight_version=True,
+    "llamacpp": EngineSpec("llamacpp", adapters_by_name=True, reports_weight_version=True,
                            quantizations=("q4_k_m",), checks_control_plane=False, tools_as_text=True,
                            vllm_routes=False),
 }

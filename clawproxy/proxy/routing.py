@@ -8,13 +8,14 @@ never on the request path.
 
 Adapters: vLLM answers 404 for an adapter's name until the adapter is loaded (``_check_model`` in
 ``vllm/entrypoints/serve/engine/serving.py``: "The model `clawproxy` does not exist"), and forgets
-runtime adapters when it restarts. So OpenClaw names the base model (vLLM's served name), and the
+runtime adapters when it restarts; clawproxy's engine server over llama.cpp answers the same
+(``engine/server.py``). So OpenClaw names the base model (the engine's served name), and the
 proxy sends each chat request to the adapter that serves its user (``Store.adapter_for``): their
 own (``clawproxy-u-<name>``), else the shared one (``clawproxy``) if they share, else the base
-model. When vLLM answers that the adapter does not exist (it restarted), the proxy loads it again
-under that name and retries the request once; if that fails the user gets the base model until
-the next publish. Adapter routing is active only for an engine that serves adapters by name
-(``EngineSpec.adapters_by_name``: vLLM) with ``trainer.finetune: lora``.
+model. When the engine answers that the adapter does not exist (it restarted), the proxy loads it
+again under that name and retries the request once; if that fails the user gets the base model
+until the next publish. Adapter routing is active only for an engine that serves adapters by name
+(``EngineSpec.adapters_by_name``: vLLM, llama.cpp) with ``trainer.finetune: lora``.
 """
 
 from __future__ import annotations
@@ -225,5 +226,5 @@ class ModelRouter:
 
 def router_for(cfg: Config) -> ModelRouter:
     """The router: users always (the store may get some while serving); adapters when the
-    upstream is a vLLM serving the trainer's LoRA adapters."""
+    upstream serves the trainer's LoRA adapters by name."""
     return ModelRouter(cfg)

@@ -173,9 +173,10 @@ def _add_users(data_dir, personas, share, cfg=None):
         # the trainer refuses users otherwise (trainer/loop.py _check_users): say so before starting
         if cfg.trainer.enabled and (cfg.trainer.finetune != "lora" or not cfg.engine.spec.adapters_by_name):
             raise click.UsageError(
-                f"--users: each user trains a LoRA adapter of their own, served side by side by vLLM; this "
-                f"config has trainer.finetune {cfg.trainer.finetune} and engine.kind {cfg.engine.kind}. Use "
-                "--lora with a vLLM engine (the default config), or a config with trainer.enabled: false.")
+                f"--users: each user trains a LoRA adapter of their own, served side by side by vLLM or "
+                f"llama.cpp; this config has trainer.finetune {cfg.trainer.finetune} and engine.kind "
+                f"{cfg.engine.kind}. Use --lora with a vLLM engine (the default config) or engine.kind "
+                "llamacpp, or a config with trainer.enabled: false.")
     try:
         return add_users(data_dir, personas, share)
     except ClawproxyError as e:

@@ -24,3 +24,4 @@ def test_engines_cpu_measures_llamacpp_and_publishes_without_a_failed_request(tm
     assert row["logprob_gap_max"] < 0.1  # bfloat16 against the float32 forward pass
     assert row["publish"]["failed"] == 0 and row["publish"]["requests"] > 0
     assert row["publish"]["script_convert_s"] > 0
+    assert row["publish"]["served_by_v1"] > 0  # a request naming the published adapter got it

@@ -93,7 +93,7 @@ async def test_add_list_share_remove(setup, tmp_path):
     assert "no user 'zed'" in await _cli(config, rig, "stats", "--user", "zed", ok=False)
 
     out = await _cli(config, rig, "users", "remove", "alice", "--yes")
-    assert "vLLM unloaded their adapter" in out
+    assert "the engine unloaded their adapter" in out
     assert [b for m, p, b in app[CALLS] if p == "/v1/unload_lora_adapter"] == [{"lora_name": "clawproxy-u-alice"}]
     assert not dirs["alice"].exists() and dirs["bob"].exists()
     store = rig.store()
