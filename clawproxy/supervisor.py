@@ -6,7 +6,7 @@ JSON 503 at once instead of hanging. Children get SIGTERM when the supervisor st
 ``PR_SET_PDEATHSIG``, also when it is killed outright. Each child leads its own process group, and
 what it leaves there when it exits (vLLM's engine core and workers) is killed, so nothing is
 orphaned. The proxy's recorder is drained on shutdown (the aiohttp cleanup context), so no recorded
-turn is lost.
+turn is lost. The judge and the trainer run niced (``BACKGROUND_NICE``): the user's request first.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ log = logging.getLogger("clawproxy")
 
 BACKOFF_MAX_S = 30.0
 STOP_GRACE_S = 10.0
+# the judge and the trainer run below the engine and the proxy: on a CPU they share with the engine,
+# an equal-priority trainer cut llama.cpp's decoding from 6.0 to 1.1 tok/s (bench/results/i51)
+BACKGROUND_NICE = 10
 
 
 def _die_with_parent() -> None:
@@ -45,11 +48,23 @@ def _die_with_parent() -> None:
     os.setpgrp()  # own process group: a terminal's Ctrl-C reaches the supervisor only
 
 
+def _background(nice: int) -> Callable[[], None]:
+    """``_die_with_parent``, then ``nice`` added to the child's niceness (0: as the supervisor's)."""
+    def preexec() -> None:
+        _die_with_parent()
+        if nice:
+            with contextlib.suppress(OSError):
+                os.nice(nice)
+    return preexec
+
+
 class Child:
     """One supervised process: started, watched, restarted with backoff, stopped on shutdown."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, health_url: str | None = None):
+    def __init__(self, name: str, argv: list[str], log_path: Path, health_url: str | None = None,
+                 nice: int = 0):
         self.name = name
+        self.nice = nice
         self.argv = argv
         self.log_path = log_path
         self.health_url = health_url
@@ -77,7 +92,7 @@ class Child:
             try:
                 self.proc = await asyncio.create_subprocess_exec(
                     *self.argv, stdout=logf, stderr=logf, stdin=asyncio.subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_background(self.nice),
                 )
             finally:
                 if isinstance(logf, int) and logf >= 0:
@@ -222,10 +237,11 @@ def build_children(cfg: Config, run_config: Path) -> tuple[Child | None, list[Ch
     cli = [py, "-m", "clawproxy.cli"]
     workers = []
     if cfg.judge.enabled:
-        workers.append(Child("judge", [*cli, "judge", "run", "--follow", *config], logs / "judge.log"))
+        workers.append(Child("judge", [*cli, "judge", "run", "--follow", *config], logs / "judge.log",
+                             nice=BACKGROUND_NICE))
     if cfg.trainer.enabled:
         workers.append(Child("trainer", [*cli, "train", "--follow", *config, "--engine-url", cfg.engine_url],
-                             logs / "trainer.log"))
+                             logs / "trainer.log", nice=BACKGROUND_NICE))
     return engine, workers
 
 

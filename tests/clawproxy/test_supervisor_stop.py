@@ -44,3 +44,25 @@ async def test_a_child_that_outlives_the_grace_period_is_killed_with_its_group(t
     assert child.proc.returncode == -9
     await until(lambda: not _alive(grandchild), "the grandchild to die with the group")
     assert not _alive(pid) and os.getpgid(os.getpid()) != pid
+
+
+async def test_the_judge_and_the_trainer_run_below_the_engine(tmp_path):
+    """The workers are started niced (BACKGROUND_NICE more than the supervisor), the engine is not:
+    an equal-priority trainer starves llama.cpp's decoding on a shared CPU."""
+    from clawproxy.config import load_config
+
+    cfg = load_config(None, {"data_dir": str(tmp_path)})
+    engine, workers = supervisor.build_children(cfg, tmp_path / "run-config.yaml")
+    assert engine is not None and engine.nice == 0
+    assert {w.name: w.nice for w in workers} == {"judge": supervisor.BACKGROUND_NICE,
+                                                 "trainer": supervisor.BACKGROUND_NICE}
+    ours = os.nice(0)
+    for nice in (0, supervisor.BACKGROUND_NICE):
+        out = tmp_path / f"nice-{nice}"
+        child = Child("n", [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write("
+                            "str(os.nice(0))); time.sleep(600)", str(out)], tmp_path / "n.log", nice=nice)
+        child.start()
+        await until(lambda out=out: out.exists() and out.read_text() != "", "the child to write its niceness",
+                    timeout=60)
+        await child.stop()
+        assert int(out.read_text()) == min(19, ours + nice)
