@@ -434,6 +434,8 @@ async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
         if router is not None:
             body, target = router.route(obj, body, user)
             tap.routed(target.version if target is not None else None)
+            if target is not None:
+                obj = {**obj, "model": target.model}  # the body prepare() writes keeps the routed model
         # after routing, which rewrites the model: the instruction rides on the body sent upstream
         body, served = app[TRYING_KEY].prepare(obj, body, request.headers, user)
         if served is not None:

@@ -100,3 +100,22 @@ async def test_recorded_through_the_proxy_with_vllm_0_33_shapes(routed, stream):
     (turn,) = rig.turns()
     assert turn["response_text"] == CANNED_TEXT and turn["completion_token_ids"] == CANNED_IDS
     assert turn["completion_logprobs"] == [-0.5] * len(CANNED_IDS) and turn["model"] == MODEL
+
+
+async def test_an_instructed_request_still_goes_to_the_adapter(routed):
+    """Learning by trying rewrites the body after routing: the instruction rides on the routed
+    model, not on the base model the client named."""
+    from clawproxy.instruct import HINT_TEMPLATE
+    from clawproxy.proxy.app import TRYING_KEY
+
+    rig, app, adapter = routed
+    await _publish(rig, app, adapter)
+    store = Store(rig.cfg.db_path)
+    store.add_preference(None, "Answer in one sentence", "manual", status="active")
+    store.close()
+    await asyncio.to_thread(rig.app[TRYING_KEY].refresh)  # the poll would, within a second
+    status, _, body = await rig.chat(ASK)
+    assert status == 200, body
+    sent = [b for m, p, b in app[CALLS] if p == "/v1/chat/completions"][-1]
+    assert sent["messages"][-1]["content"].endswith(HINT_TEMPLATE.format(hint="Answer in one sentence."))
+    assert sent["model"] == "clawproxy"
