@@ -200,7 +200,7 @@ def test_teacher_prompt_differs_from_the_engine_prompt_by_the_hint_alone(default
     ]
     body = {"messages": messages, "tools": tools, "tool_choice": "auto"}
     # the prompt the embedded engine renders and records for this request
-    engine = SimpleNamespace(tokenizer=tok, tokenizer_lock=threading.Lock())
+    engine = SimpleNamespace(tokenizer=tok, tokenizer_lock=threading.Lock(), adapters_by_name=False)
     prompt = _prepare(engine, ServerSettings("m", "m", 8192), body).prompt_ids
     insert_turn(store, prompt_ids=prompt, completion_ids=_ids(8), messages=messages, tools=tools,
                 params={"tool_choice": "auto", "stream": True}, hint="Answer in one sentence.")
