@@ -71,6 +71,7 @@ class Sample:
     # the instruction the proxy added upstream (clawproxy/proxy/trying.py): the recorded prompt ids
     # hold it, the student's prompt must not (``student_prompt_ids``)
     served_instruction: str | None = None
+    distilled: bool = False  # its hint is the owner's active preferences, not the judge's (Teacher.teacher_model)
     tools_as_text: bool = field(kw_only=True)  # how the serving engine rendered tools (EngineSpec.tools_as_text)
 
     @property
@@ -127,6 +128,7 @@ def select_samples(store: Store, cfg: TrainerConfig, current_version: int, limit
                 objective=sample_objective(row, cfg),
                 tools_as_text=tools_as_text,
                 served_instruction=(row.get("instruction") or "").strip() or None,
+                distilled=bool(distill),
             )
         )
     return Selection(samples=samples, skipped=skipped)

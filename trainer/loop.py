@@ -190,14 +190,17 @@ def teacher_logps(policy: Policy, chunk: list[Sample], tokens: TokenBatch | Pack
                 completion_logps(teacher, tokens)
         return t_logps, has
     make = make_packed_batch if isinstance(tokens, PackedBatch) else make_token_batch
-    hinted = make(list(hinted_prompts.values()), [chunk[i].completion_ids for i in hinted_prompts],
-                  policy.tokenizer.pad_token_id, dev)
-    with torch.no_grad(), policy.teacher.teacher_model(policy.no_sync_model()) as teacher:
-        lp = completion_logps(teacher, hinted)
-    for row, i in enumerate(hinted_prompts):
-        n = len(chunk[i].completion_ids)
-        t_logps[i, :n] = lp[row, :n]
-        has[i] = True
+    # a step distils an owner's preferences on every sample or on none, so this is one pass in practice
+    for distilled in sorted({chunk[i].distilled for i in hinted_prompts}):
+        rows = [i for i in hinted_prompts if chunk[i].distilled == distilled]
+        hinted = make([hinted_prompts[i] for i in rows], [chunk[i].completion_ids for i in rows],
+                      policy.tokenizer.pad_token_id, dev)
+        with torch.no_grad(), policy.teacher.teacher_model(policy.no_sync_model(), distilled=distilled) as teacher:
+            lp = completion_logps(teacher, hinted)
+        for row, i in enumerate(rows):
+            n = len(chunk[i].completion_ids)
+            t_logps[i, :n] = lp[row, :n]
+            has[i] = True
     return t_logps, has
 
 

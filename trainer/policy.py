@@ -19,6 +19,8 @@ The teacher is "the model with the hint in its context"; which *weights* it uses
   a second "teacher" adapter averaged by TRL's ``PEFTAdapterEMACallback``. The average restarts
   from the published weights when the trainer restarts.
 
+A user's active preferences are taught by the base model under LoRA, whatever this says (``Teacher.teacher_model``).
+
 The KL reference (``kl_coef`` > 0) is always the base model.
 """
 
@@ -211,11 +213,19 @@ class Teacher:
             )
 
     @contextlib.contextmanager
-    def teacher_model(self, policy: torch.nn.Module) -> Iterator[torch.nn.Module]:
-        """The model to score the hinted prompt with (use under ``torch.no_grad``)."""
+    def teacher_model(self, policy: torch.nn.Module, *, distilled: bool = False) -> Iterator[torch.nn.Module]:
+        """The model to score the hinted prompt with (use under ``torch.no_grad``).
+
+        ``distilled``: the hint is the owner's active preferences. Under LoRA the base model teaches
+        them (the adapter disabled, free): the adapter then learns to answer as the base does when
+        told, and stops there. The policy's own told answer would be a moving target that "shorter"
+        makes shorter at every step. Full fine-tuning keeps ``trainer.teacher`` (a base copy is not free)."""
         from trl.trainer.utils import use_adapter
 
-        if self.weights == "current":
+        if distilled and self.is_lora:
+            with use_adapter(unwrap(policy), None):
+                yield policy
+        elif self.weights == "current":
             yield policy
         elif self.is_lora:
             with use_adapter(unwrap(policy), None if self.weights == "base" else TEACHER_ADAPTER):

@@ -494,3 +494,37 @@ def test_an_active_preference_is_distilled_and_its_gap_decides_when_the_prompt_g
     _add(store, tiny_model_dir, 2, seed=6, hint=None)
     (result,) = tr.run(steps=1)
     assert result.status == "published" and store.preference(pid)["absorbed"] == 1
+
+
+def test_under_lora_a_preference_is_taught_by_the_base_model_and_a_judge_hint_by_the_policy(rig, tiny_model_dir):
+    """With the policy as teacher, an adapter that already follows "shorter" would be told "shorter"
+    again at every step; the base model told the preference is a target that does not move."""
+    from dataclasses import replace as with_fields
+
+    from trl.trainer.utils import use_adapter
+
+    from trainer.batch import teacher_prompt_ids
+    from trainer.loop import teacher_logps
+    from trainer.losses import completion_logps, make_token_batch
+    from trainer.policy import unwrap
+
+    cfg, store = rig(finetune="lora", learning_rate=1e-2)  # trainer.teacher: current
+    _add(store, tiny_model_dir, 4)
+    tr = _trainer(cfg, store)
+    (result,) = tr.run(steps=1)  # the adapter is no longer zero
+    assert result.status == "published"
+    policy, tok = tr.policy, tr.policy.tokenizer
+    hinted = next(s for s in tr.collect().samples if s.hint)
+    chunk = [with_fields(hinted, distilled=False), with_fields(hinted, distilled=True)]
+    tokens = make_token_batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], tok.pad_token_id)
+    got, has = teacher_logps(policy, chunk, tokens, "combined")
+    assert has.tolist() == [True, True]
+    told = make_token_batch([teacher_prompt_ids(tok, hinted)], [hinted.completion_ids], tok.pad_token_id)
+    with torch.no_grad():
+        own = completion_logps(policy.model, told)[0]
+        with use_adapter(unwrap(policy.model), None):
+            base = completion_logps(policy.model, told)[0]
+    n = len(hinted.completion_ids)
+    assert not torch.allclose(own[:n], base[:n])  # the adapter moved: the two teachers differ
+    torch.testing.assert_close(got[0, :n], own[:n])
+    torch.testing.assert_close(got[1, :n], base[:n])
