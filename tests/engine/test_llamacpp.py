@@ -357,3 +357,11 @@ def test_kv_computed_under_an_adapter_never_serves_another_request(served, tmp_p
         inst.stop()
     forward = _forward_logprobs(base, prompt, completion)
     assert max(abs(a - b) for a, b in zip(served_lp, forward, strict=True)) < 5e-3
+
+
+def test_an_unbuilt_llama_server_says_how_to_build_it(tmp_path):
+    from clawproxy.engine.llamacpp_build import require
+    from clawproxy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="make llamacpp"):
+        require(tmp_path)  # an empty cache: nothing built there
