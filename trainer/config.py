@@ -92,8 +92,9 @@ class TrainerConfig:
     )
     teacher: Literal["current", "base", "ema"] = setting(
         "current",
-        "OPD teacher weights: 'current' (the policy itself with the hint in context; no extra memory), "
-        "'base' (the frozen starting model) or 'ema' (an exponential average of the policy).",
+        "OPD teacher weights for the judge's hints: 'current' (the policy itself with the hint in context; "
+        "no extra memory), 'base' (the frozen starting model) or 'ema' (an exponential average of the policy). "
+        "Under LoRA a user's active preferences are always taught by the base model.",
     )
     ema_rate: float = setting(0.05, "teacher=ema: update rate per step (TRL's teacher_update_rate).", gt=0, le=1)
     finetune: Literal["auto", "full", "lora"] = setting(
