@@ -341,8 +341,9 @@ class TryingConfig:
         6, "Candidates a user's bandit chooses among: the bank's instructions nearest their complaints, "
         "and what they asked for in their own words.", ge=1, le=64)
     said_max_words: int = setting(
-        12, "A complaint of at most this many words that the judge took a hint from is a candidate "
-        "in the user's own words.", ge=0)
+        12, "A complaint of at most this many words that asks for something (\"can you...\", \"could I get...\", "
+        "\"I'd like...\", an imperative, \"please\") is a candidate in the user's own words, rewritten as an "
+        "instruction.", ge=0)
     unhappy_window: int = setting(
         3, "A user with an active preference is tried again when one of their last this many judged "
         "replies was judged -1, or abstained on with a -1 majority (before a preference is found, "
@@ -361,6 +362,10 @@ class TryingConfig:
         "often than the user's untried ones (Beta posteriors, uniform priors) is at least this.", gt=0.5, lt=1)
     baseline_window: int = setting(
         12, "The user's untried replies a candidate is compared with: the newest this many judged.", ge=1)
+    min_movement: float = setting(
+        1.0, "A candidate becomes a preference only when its answers' form (length, sentences, lines, lists, "
+        "headings, opening and closing) moved at least this many spreads away from the answers the user "
+        "complained about, towards those they praised (0: off).", ge=0)
     demote_window: int = setting(
         4, "An active preference is demoted when demote_bad of its last this many scored replies were judged -1.", ge=1)
     demote_bad: int = setting(3, "Bad replies among the last demote_window that demote an active preference.", ge=1)

@@ -4,16 +4,21 @@ The proxy serves an unhappy user's next answers under candidate instructions (``
 trying.py``); the judge's sign on each such reply is counted as that candidate's evidence in the
 judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
 
-- **shortlist**: after a complaint, the user's shortlisted candidates that have not failed stay,
-  and the free places go to up to two short complaints of their own that the judge took a hint
-  from and that ask for something ("shorter, please", not "I can never find the part I need"), then to the bank's
-  instructions (``judge/data/instructions.txt``) near their recent complaints by sentence embedding
-  and unlike each other (maximal marginal relevance over the nearest four times the shortlist);
+- **shortlist**: after a complaint, the user's shortlisted candidates that have not failed stay
+  (failed: two more bad replies than good, or after two tries answers that broke or whose form did
+  not move), and the free places go to up to two short complaints of their own that ask for
+  something, rewritten as an instruction ("could I get that as a list" -> "Give the answer as a
+  list."; not "I can never find the part I need"), then to the bank's instructions
+  (``judge/data/instructions.txt``) near their recent complaints by sentence embedding and unlike
+  each other (maximal marginal relevance over the nearest four times the shortlist);
 - **promote**: a candidate becomes an active preference when its replies are likely liked more often
   than the user's untried ones: P(θ_candidate > θ_untried) >= ``promote_confidence`` under Beta
-  posteriors (one wrong sign from the judge does not block a candidate the user plainly prefers);
-- **demote**: an active preference whose last ``demote_window`` scored replies hold ``demote_bad``
-  bad ones goes back into the prompt if the adapter had absorbed it, else is demoted.
+  posteriors (one wrong sign from the judge does not block a candidate the user plainly prefers),
+  and its answers changed form away from those the user complained about (``judge/features.py``:
+  a judge's wrong sign cannot promote an instruction that changed nothing) and are real answers;
+- **demote**: an active preference whose answers are mostly broken is demoted; one whose last
+  ``demote_window`` scored replies hold ``demote_bad`` bad ones goes back into the prompt if the
+  adapter had absorbed it, else is demoted.
 
 Only instructions about style and form are candidates: the bank holds nothing else, and a complaint
 that asks the model to agree or concede is never one.
@@ -29,11 +34,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawproxy.config import TryingConfig
+from clawproxy.degenerate import answer_flaw
 from clawproxy.store import Store
+from judge.features import moved
 from judge.hints import InstructionChooser
 
 log = logging.getLogger(__name__)
 
+FORM_READ = 6  # answers read to see what a candidate changed
+FORM_TRIES = 2  # tries after which a candidate that changed nothing, or broke answers, leaves the shortlist
 SAID_KEPT = 2  # the user's own words: the newest two complaints, beside the bank's nearest
 MEMORY_READ = 6  # complaints the shortlist is computed from, newest first
 NOVELTY = 0.5  # the bank's places by maximal marginal relevance: nearest the complaints, unlike each other
@@ -50,27 +59,63 @@ rephrase reply respond say separate shorten shorter show simplify skip slow spea
 state stick stop structure summarize summarise talk tell trim try use write just longer
 """.split())
 _CLAUSES = re.compile(r"[.,;:!?]+\s*")
+_PLEASE = re.compile(r"\b(?:please|pls|plz)\b", re.IGNORECASE)
+# The common request forms, each rewritten as an instruction: "can you X" -> "X", "could I get X" /
+# "I'd like X" -> "Give X", "I'd like you to X" -> "X".
+_ASK_YOU = re.compile(r"^(?:can|could|would|will)\s+(?:you|u)\s+(?:please\s+)?(?P<rest>.+)$", re.IGNORECASE)
+_ASK_ME = re.compile(r"^(?:can|could|may)\s+i\s+(?:please\s+)?(?:get|have|see)\s+(?P<rest>.+)$", re.IGNORECASE)
+_WANT = re.compile(r"^(?:i'?d|i\s+would)\s+(?:really\s+)?(?:like|prefer|love)\s+(?P<rest>.+)$"
+                   r"|^i\s+(?:just\s+|really\s+)?(?:want|need|prefer)\s+(?P<rest2>.+)$", re.IGNORECASE)
+_LEAD = re.compile(r"^(?:ok(?:ay)?|hey|hm+|um+|ugh|so|well|sorry|oh|and|but)\b[\s,.!]*", re.IGNORECASE)
+_THAT = re.compile(r"\b(?:that|it|this)\b", re.IGNORECASE)
+# verbs whose "it"/"that" is the answer the user replied to
+_ON_THE_ANSWER = frozenset("give make put keep reformat rewrite redo do trim break format cut shorten split".split())
+
+
+def _as_instruction(clause: str) -> str | None:
+    """One clause as an instruction, or None when it asks for nothing."""
+    c = _LEAD.sub("", " ".join(_PLEASE.sub("", clause).split())).strip().rstrip(" ?!.")
+    if not c:
+        return None
+    if (m := _ASK_YOU.match(c)) is not None:
+        c = m.group("rest")
+    elif (m := _ASK_ME.match(c)) is not None:
+        c = "give " + m.group("rest")
+    elif (m := _WANT.match(c)) is not None:
+        rest = m.group("rest") or m.group("rest2")
+        if rest.lower().startswith("you to "):
+            c = rest[len("you to "):]
+        else:
+            c = ("make " if _THAT.match(rest) else "give ") + rest
+    elif not (c.split()[0].lower() in _REQUEST_START or _PLEASE.search(clause)):
+        return None
+    if c.split()[0].lower() in _ON_THE_ANSWER:
+        c = _THAT.sub("the answer", c, count=1)
+    return c[0].upper() + c[1:] + "."
 
 
 def asks(text: str) -> bool:
-    """Whether the reply asks for something ("shorter, please", "ok. just give me the number"), rather than
-    only describing a problem ("I can never find the part I need"): only a request is served back as an instruction."""
-    if re.search(r"\bplease\b", text, re.IGNORECASE):
+    """Whether the reply asks for something ("shorter, please", "could I get that as a list",
+    "ok. just give me the number"), rather than only describing a problem ("I can never find the
+    part I need"): only a request is served back as an instruction."""
+    if _PLEASE.search(text):
         return True
-    for clause in _CLAUSES.split(text.lower()):
-        words = re.findall(r"[a-z']+", clause)
-        if words and words[0] in _REQUEST_START:
-            return True
-    return False
+    return any(_as_instruction(cl) for cl in _CLAUSES.split(text))
 
 
 def said_instruction(text: str, max_words: int) -> str | None:
-    """The user's complaint as a candidate instruction, or None: too long, empty, not a request, or
-    not about style."""
+    """The user's complaint rewritten as a candidate instruction ("could I get that as a list" ->
+    "Give the answer as a list."), or None: too long, empty, not a request, or not about style."""
     text = " ".join(text.split()).strip()
     if not text or len(text.split()) > max_words or _NOT_STYLE.search(text) or not asks(text):
         return None
-    return text
+    clauses = [c for c in _CLAUSES.split(text) if c.strip()]
+    first = next((i for i, c in enumerate(clauses) if _as_instruction(c)), None)
+    if first is None:
+        return None
+    # the asking clause and what follows it ("break it up? one item per line")
+    parts = [_as_instruction(c) or c.strip()[0].upper() + c.strip()[1:].rstrip(" ?!.") + "." for c in clauses[first:]]
+    return " ".join(parts)
 
 
 def evidence(row: dict[str, Any], abstain_weight: float) -> tuple[float, float]:
@@ -142,7 +187,8 @@ class Trier:
             return
         known = {r["text"]: r for r in self.store.preferences_of(user)}
         w = self.cfg.abstain_weight
-        kept = [r for r in known.values() if r["status"] == "candidate" and r["shortlisted"] and not failed(r, w)]
+        kept = [r for r in known.values() if r["status"] == "candidate" and r["shortlisted"] and not failed(r, w)
+                and not (r["tries"] >= FORM_TRIES and self.form_flaw(r, user))]
         taken = {r["text"] for r in kept}
 
         def free(text: str) -> bool:
@@ -150,9 +196,8 @@ class Trier:
             return text not in taken and (row is None or (row["status"] == "candidate" and not failed(row, w)))
 
         said: list[str] = []
-        hinted = self._hinted([int(r["turn_id"]) for r in complaints])
         for r in complaints:
-            cand = said_instruction(r["text"], self.cfg.said_max_words) if int(r["turn_id"]) in hinted else None
+            cand = said_instruction(r["text"], self.cfg.said_max_words)
             if cand and cand not in said and free(cand):
                 said.append(cand)
         if self.chooser is None:
@@ -166,18 +211,35 @@ class Trier:
         items = [(r["text"], r["source"], float(r["prior"])) for r in kept] + fresh[: max(room, 0)]
         self.store.set_shortlist(user, items)
 
-    def _hinted(self, turn_ids: list[int]) -> set[int]:
-        """Of these turns, those whose judgment carries a hint (the reply said what to change)."""
-        return {t for t, h in self.store.judgment_hints(turn_ids).items() if h}
+    def form_flaw(self, row: dict[str, Any], user: str | None) -> str | None:
+        """Why a candidate's tried answers cannot make it a preference: 'broken' (most are no real
+        answer: empty, looping, a word or two), 'unchanged' (their form did not move away from the
+        answers the user complained about, ``judge/features.py``), else None."""
+        tried = self.store.answers_under(row["id"], limit=FORM_READ, tried_only=True)
+        if not tried:
+            return None
+        if sum(answer_flaw(a) is not None for a in tried) * 2 > len(tried):
+            return "broken"
+        complained = self.store.untried_answers(user, -1, FORM_READ)
+        praised = self.store.untried_answers(user, 1, FORM_READ)
+        if complained and not moved(tried, complained, praised, self.cfg.min_movement):
+            return "unchanged"
+        return None
 
     def promote_demote(self, user: str | None) -> None:
         untried = untried_evidence(self.store.untried_scores(user, self.cfg.baseline_window), self.cfg.abstain_weight)
         for row in self.store.preferences_of(user, ("candidate", "active")):
-            if row["status"] == "candidate" and row["shortlisted"] and promotable(row, untried, self.cfg):
+            if (row["status"] == "candidate" and row["shortlisted"] and promotable(row, untried, self.cfg)
+                    and self.form_flaw(row, user) is None):
                 self.store.set_preference_status(row["id"], "active")
                 log.info("user %s: preference found after %d tries (%d good, %d bad): %s",
                          user, row["tries"], row["good"], row["bad"], row["text"])
             elif row["status"] == "active":
+                answers = self.store.answers_under(row["id"], self.cfg.demote_window, since=row["activated_at"])
+                if len(answers) >= 2 and sum(answer_flaw(a) is not None for a in answers) * 2 > len(answers):
+                    self.store.set_preference_status(row["id"], "demoted")  # no preference that breaks answers stays
+                    log.info("user %s: preference demoted, its answers are no real answers: %s", user, row["text"])
+                    continue
                 served = self.store.served_under(row["id"], self.cfg.demote_window * 2, since=row["activated_at"])
                 scores = [r["score"] for r in served if r["score"] != 0][: self.cfg.demote_window]
                 if sum(s == -1 for s in scores) < self.cfg.demote_bad:

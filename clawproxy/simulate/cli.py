@@ -7,12 +7,20 @@ from pathlib import Path
 
 import click
 
-PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
+PERSONAS = ("concise", "bullets", "no_filler", "sign_off")  # the shipped persona files
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--persona", type=click.Choice(PERSONAS), default="concise", show_default=True,
-              help="The simulated user's preference.")
+              help="The simulated user's preference: one of the shipped persona files.")
+@click.option("--persona-file", default=None, type=click.Path(dir_okay=False),
+              help="Your own persona (YAML: what the user wants, its check, their words; docs/personas.md). "
+                   "Replaces --persona.")
+@click.option("--short-answers", type=click.Choice(["broken", "fine"]), default="broken", show_default=True,
+              help="What the simulated user calls an answer of a word or two that cannot answer the question: "
+                   "'fine' is the user of the runs before 2026-12, kept to compare with them.")
+@click.option("--no-peers", is_flag=True,
+              help="Skip capability (base and last point) and the told baseline, measured beside adoption.")
 @click.option("--interactions", type=int, default=36, show_default=True,
               help="Assistant turns that get the persona's feedback.")
 @click.option("--eval-every", type=int, default=12, show_default=True,
@@ -58,7 +66,7 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")
                    "with their own API key, trains their own adapter and gets a curve, with cross-talk.")
 @click.option("--share", is_flag=True, help="With --users: the users share (their turns also train the shared adapter).")
 @click.pass_context
-def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max_tokens, eval_max_tokens,
+def simulate(ctx, persona, persona_file, short_answers, no_peers, interactions, eval_every, turns_per_conversation, max_tokens, eval_max_tokens,
              temperature, seed, proxy_url, engine_url, data_dir, config_path, method, lora, lr,
              batch_size, oracle, llm_persona_url, llm_persona_model, feedback_path, eval_prompts, out_dir,
              no_settle, users_spec, share) -> None:
@@ -67,12 +75,16 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
 
     from clawproxy.errors import ClawproxyError
     from clawproxy.simulate.measure import LiveTable, plot_png, write_json
-    from clawproxy.simulate.personas import load_feedback
+    from clawproxy.simulate.personas import make_persona
     from clawproxy.simulate.run import SimSettings
     from clawproxy.simulate.run import simulate as run_sim
     from clawproxy.simulate.system import System
     from clawproxy.stop import terminate_unwinds
 
+    if persona_file is not None:
+        if ctx.get_parameter_source("persona") is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--persona and --persona-file name one user each; give one of them.")
+        persona = persona_file
     personas = [persona]
     if users_spec is None:
         if share:
@@ -89,8 +101,8 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
         except ClawproxyError as e:
             raise click.UsageError(e.message) from e
     try:
-        for p in dict.fromkeys(personas):
-            load_feedback(feedback_path).for_persona(p)  # a bad bank fails before a system starts
+        for p in dict.fromkeys(personas):  # a bad file fails before a system starts
+            make_persona(p, feedback=feedback_path)
     except ClawproxyError as e:
         raise click.ClickException(e.message) from e
     overrides = {
@@ -136,6 +148,7 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
         method=f"{cfg.trainer.method}/{cfg.trainer.finetune}",
         llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model, feedback=feedback_path,
         eval_prompts=eval_prompts, model=cfg.engine.served_name, engine_kind=cfg.engine.kind,
+        peers=not no_peers, short_is_broken=short_answers == "broken",
     )
     if users is not None:
         _run_users(settings, users, cfg, system, out_dir, data_dir)
@@ -151,7 +164,7 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
             system.stop()
     out = Path(out_dir or Path(data_dir or ".") / "simulate")
     j = write_json(out / "curve.json", [curve])
-    p = plot_png(out / "curve.png", [curve], title=f"persona: {persona}")
+    p = plot_png(out / "curve.png", [curve], title=f"persona: {make_persona(persona).name}")
     if curve.judge_agreement:
         a = curve.judge_agreement
         click.echo(f"judge vs the simulator's intended verdicts: right {a['right']}, zero {a['zero']}, "
@@ -160,7 +173,36 @@ def simulate(ctx, persona, interactions, eval_every, turns_per_conversation, max
         trained = sum(v for k, v in curve.samples.items() if k.startswith("trained"))
         click.echo(f"interactions -> training samples: {trained} of {sum(curve.samples.values())} trained; "
                    + ", ".join(f"{k} {v}" for k, v in curve.samples.items()))
+    for line in peer_lines(curve):
+        click.echo(line)
     click.echo(f"wall {curve.wall_s:.0f}s; curve: {j}  plot: {p}")
+
+
+def peer_lines(curve) -> list[str]:
+    """The peer measures and the trying report, a line each, for a person reading the run's end."""
+    out = []
+    pe, t = curve.peers, curve.trying
+    if pe.get("effort"):
+        out.append(f"user effort (complaints about the preference per 12 interactions): "
+                   f"{' / '.join(str(x) for x in pe['effort'])}; any complaint: "
+                   f"{' / '.join(str(x) for x in pe.get('complaints', []))}")
+        out.append("streak (3 conversations in a row met it) from interaction: "
+                   f"{pe['streak_at'] if pe.get('streak_at') else 'not reached'}")
+    if "told" in pe:
+        out.append(f"told baseline (the base model told the preference plainly): {pe['told']:.2f} held-out adoption, "
+                   f"{pe.get('told_words')} words")
+    cap = pe.get("capability") or {}
+    if "base" in cap:
+        out.append(f"capability (right of {cap['tasks']}): base {cap['base']}, at the end "
+                   f"{cap.get('final', '-')}; degenerate at the end {curve.points[-1].degenerate_share:.2f}")
+    if t:
+        out.append(f"learning by trying: {t.get('tried')} of {t.get('answers')} answers tried; found at interaction "
+                   f"{t.get('found_at') if t.get('found_at') is not None else '-'}; served adoption "
+                   f"{t.get('served_adoption')}, after the find {t.get('served_adoption_after_found')}")
+        for pref in t.get("preferences") or []:
+            out.append(f"  {pref['status']:<9} {pref['source']:<6} tries {pref['tries']} good {pref['good']} "
+                       f"bad {pref['bad']}: {pref['text']}")
+    return out
 
 
 def _add_users(data_dir, personas, share, cfg=None):

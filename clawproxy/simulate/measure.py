@@ -78,6 +78,8 @@ class Curve:
     trained: int | None = None  # several users: turns this user's own adapter trained on
     # learning by trying: what was tried and found (StoreView.trying_report)
     trying: dict[str, Any] = field(default_factory=dict)
+    # as peers measure it (simulate/peers.py): effort, streak_at, capability, told
+    peers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -35,7 +35,7 @@ from clawproxy.simulate.driver import (
     cycle_prompts,
 )
 from clawproxy.simulate.measure import Curve, CurvePoint, adoption_with, make_point, score_answers
-from clawproxy.simulate.personas import PREFERENCES, ScriptedPersona, make_persona
+from clawproxy.simulate.personas import ScriptedPersona, make_persona, preference_of
 from clawproxy.simulate.prompts import (
     HELDOUT_PROMPTS,
     SYSTEM_PROMPT,
@@ -60,18 +60,20 @@ class SimUser:
 
 
 def parse_users(spec: str) -> list[str]:
-    """``concise,concise,bullets`` -> the personas, in order; a ConfigError names a bad one."""
+    """``concise,concise,bullets`` (or persona file paths) -> the personas, in order; a ConfigError names a bad one."""
     personas = [p.strip() for p in spec.split(",") if p.strip()]
     if not personas:
         raise ConfigError("--users: give personas separated by commas, e.g. --users concise,concise,bullets.")
-    bad = [p for p in personas if p not in PREFERENCES]
-    if bad:
-        raise ConfigError(f"--users: unknown persona {bad[0]!r}; choose from {', '.join(PREFERENCES)}.")
+    for p in personas:
+        try:
+            preference_of(p)
+        except ConfigError as e:
+            raise ConfigError(f"--users: {e.message}") from e
     return personas
 
 
 def user_names(personas: list[str]) -> list[str]:
-    return [f"u{i}-{p}" for i, p in enumerate(personas, 1)]
+    return [f"u{i}-{preference_of(p).name}" for i, p in enumerate(personas, 1)]
 
 
 def add_users(data_dir: str | Path, personas: list[str], share: bool = False) -> list[SimUser]:
@@ -226,13 +228,13 @@ async def simulate_users(s: SimSettings, users: list[SimUser], *, max_staleness:
                 point = make_point(done, graded, max(versions) if versions else version,
                                    time.monotonic() - t0, s.on_topic_min, score, judged)
                 point.served_by = model
-                point.cross_talk = {o: adoption_with(graded, PREFERENCES[o].check, s.on_topic_min)
+                point.cross_talk = {o: adoption_with(graded, preference_of(o).check, s.on_topic_min)
                                     for o in cross[u.name]}
                 curve = curves[u.name]
                 if done == 0:
                     # through the proxy there is no asking the base model: point 0 of a fresh system is it
                     ref = graded if base is None else base
-                    curve.cross_baseline = {o: adoption_with(ref, PREFERENCES[o].check, s.on_topic_min)
+                    curve.cross_baseline = {o: adoption_with(ref, preference_of(o).check, s.on_topic_min)
                                             for o in cross[u.name]}
                     curve.settings["baseline"] = "base model" if base is not None else f"point 0 ({model})"
                 curve.points.append(point)

@@ -1,19 +1,23 @@
 """Simulated users: a checkable preference plus natural, varied reactions to each answer.
 
 A persona asks a question, reads the answer, and reacts the way a person would: praise when the
-answer meets its preference, a complaint when it does not, then moves on to the next question. The
-reaction is the assistant turn's next state. Its words come from a feedback bank (YAML, default
-feedback/default.yaml, ``clawproxy simulate --feedback FILE``), written apart from the judge: the
-judge is measured on how well it reads them, never tuned to them (tests/judge/test_independence.py).
+answer meets its preference, a complaint when it does not (or when the answer is broken: cut off,
+looping, or a word or two that cannot answer the question), then moves on to the next question.
+The reaction is the assistant turn's next state.
 
-The preference check is deterministic: the measurement uses the same check on held-out answers,
-and ``--oracle`` uses it as the reward.
+A persona is a file (YAML, ``clawproxy simulate --persona-file FILE``; the shipped ones are in
+``persona_files/``, the format in docs/personas.md): what the user wants, that preference told
+plainly, a declarative check (``checks.py``) and the user's words. The words are written apart from
+the judge: the judge is measured on how well it reads them, never tuned to them
+(tests/judge/test_independence.py).
+
+The check is deterministic: the measurement uses the same check on held-out answers, and
+``--oracle`` uses it as the reward.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,79 +28,27 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from clawproxy.degenerate import answer_flaw, words
 from clawproxy.errors import ConfigError
+from clawproxy.simulate.checks import CheckError, parse_check
 
-# Apologies, pleasantries and throat-clearing. Matched case-insensitively on word boundaries.
-FILLER_PATTERNS: tuple[str, ...] = (
-    r"\bsorry\b", r"\bapologi[sz]e\b", r"\bapologies\b", r"\bgreat question\b", r"\bgood question\b",
-    r"\bcertainly\b", r"\bof course\b", r"\babsolutely\b", r"\bhope (this|that) helps\b",
-    r"\bi hope\b", r"\bfeel free\b", r"\bhappy to help\b", r"\bglad to help\b", r"\bas an ai\b",
-    r"\blet me know\b", r"\bin conclusion\b", r"\bremember,", r"\bit'?s (also )?(important|essential|worth) (to|noting)\b",
-    r"\bthe (eternal|age-old) (quest|question|adage)\b", r"\bin summary\b", r"\bby following these\b",
-    r"\bhere are some tips\b", r"\bi'?d be happy\b",
-)
-_FILLER = re.compile("|".join(FILLER_PATTERNS), re.IGNORECASE)
-_BULLET = re.compile(r"^\s*([-*•+])\s+\S")
-SIGN_OFF = "Have a great day!"
-
-
-def filler_phrases(text: str) -> list[str]:
-    """Filler phrases found in ``text`` (empty when there are none)."""
-    return [m.group(0) for m in _FILLER.finditer(text)]
-
-
-def bullet_lines(text: str) -> tuple[int, int]:
-    """(bullet lines, non-empty lines) of ``text``; numbered lists are not bullets."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return sum(bool(_BULLET.match(ln)) for ln in lines), len(lines)
-
-
-def is_concise(text: str, limit: int = 40) -> bool:
-    return 0 < len(words(text)) < limit
-
-
-def is_bulleted(text: str) -> bool:
-    """At least two bullet lines, and bullets make up most of the answer's lines."""
-    bullets, lines = bullet_lines(text)
-    return bullets >= 2 and bullets >= 0.6 * lines
-
-
-def has_no_filler(text: str) -> bool:
-    return bool(text.strip()) and not filler_phrases(text)
-
-
-def has_sign_off(text: str) -> bool:
-    tail = text.strip().splitlines()[-1].strip() if text.strip() else ""
-    return tail.lower().rstrip(" .!").endswith(SIGN_OFF.lower().rstrip(" .!"))
-
-
-def complaint_fields(answer: str) -> dict[str, str]:
-    """What a complaint may quote: {n} the answer's word count, {found} a filler phrase it used."""
-    found = filler_phrases(answer)
-    return {"n": f"{len(words(answer))} words", "found": f'"{found[0]}"' if found else "that filler"}
+PERSONA_DIR = Path(__file__).resolve().parent / "persona_files"
+SHARED_WORDS = PERSONA_DIR / "shared.yaml"
+PROBLEMS = ("cut_off", "degenerate", "too_short")
 
 
 @dataclass(frozen=True)
 class Preference:
-    """One checkable preference (what the user wants; how they say so lives in the feedback bank)."""
+    """One checkable preference (what the user wants; how they say so lives in their words)."""
 
     name: str
     description: str  # what the user wants, in the user's words (for LLM personas and reports)
-    hint: str  # what the response should have done, 1 sentence (an OPD hint)
+    hint: str  # the preference told plainly, 1 sentence: the told baseline and the oracle's hint
     check: Callable[[str], bool]
+    found: Callable[[str], str | None] = lambda _: None  # what a complaint's {found} quotes
 
 
-PREFERENCES: dict[str, Preference] = {
-    "concise": Preference("concise", "answers under 40 words", "Answer in under 40 words.", is_concise),
-    "bullets": Preference("bullets", "answers as a short list of bullet points (lines starting with '- ')",
-                          "Answer as a list of bullet points, each line starting with '- '.", is_bulleted),
-    "no_filler": Preference("no_filler", "no apologies, pleasantries or filler phrases; straight to the point",
-                            "Answer directly, with no apologies, pleasantries or filler phrases.", has_no_filler),
-    "sign_off": Preference("sign_off", f"every answer ends with the sign-off line '{SIGN_OFF}'",
-                           f"End the answer with the line '{SIGN_OFF}'.", has_sign_off),
-}
-
-DEFAULT_FEEDBACK = Path(__file__).resolve().parent / "feedback" / "default.yaml"
-PROBLEMS = ("cut_off", "degenerate")
+def complaint_fields(answer: str, found: str | None = None) -> dict[str, str]:
+    """What a complaint may quote: {n} the answer's word count, {found} what the check objected to."""
+    return {"n": f"{len(words(answer))} words", "found": f'"{found}"' if found else "that filler"}
 
 
 class _Phrases(BaseModel):
@@ -112,23 +64,43 @@ class _Phrases(BaseModel):
 class Broken(_Phrases):
     cut_off: list[str]
     degenerate: list[str]
+    too_short: list[str] | None = None  # None: the degenerate phrases
 
-    @field_validator("cut_off", "degenerate")
+    @field_validator("cut_off", "degenerate", "too_short")
     @classmethod
-    def _nonempty(cls, v: list[str]) -> list[str]:
-        return cls._check(v, "broken")
+    def _nonempty(cls, v: list[str] | None) -> list[str] | None:
+        return v if v is None else cls._check(v, "broken")
+
+
+def _transitions(v: list[str] | None) -> list[str] | None:
+    if v is not None and (not v or any(t.count("{q}") != 1 for t in v)):
+        raise ValueError("transitions: each must contain {q} (the next question) exactly once")
+    return v
 
 
 class PersonaFeedback(_Phrases):
+    """One user's words: praise, complaints, the complaints that name the fix (requests), and
+    optionally their own broken-answer complaints and transitions."""
+
     praise: list[str]
     complaints: list[str]
-    broken: Broken | None = None  # None: the bank's shared broken-answer complaints
-    transitions: list[str] | None = None  # None: the bank's shared transitions
+    requests: list[str] = []  # complaints that name the fix ("could I get that as a list")
+    broken: Broken | None = None  # None: the shared broken-answer complaints
+    transitions: list[str] | None = None  # None: the shared transitions
 
     @field_validator("praise", "complaints")
     @classmethod
     def _nonempty(cls, v: list[str]) -> list[str]:
         return cls._check(v, "praise/complaints")
+
+    @field_validator("transitions")
+    @classmethod
+    def _has_question(cls, v: list[str] | None) -> list[str] | None:
+        return _transitions(v)
+
+    def unhappy(self) -> list[str]:
+        """What the user may say to an answer that misses their preference."""
+        return [*self.complaints, *self.requests]
 
 
 class FeedbackBank(_Phrases):
@@ -141,9 +113,7 @@ class FeedbackBank(_Phrases):
     @field_validator("transitions")
     @classmethod
     def _has_question(cls, v: list[str]) -> list[str]:
-        if not v or any(t.count("{q}") != 1 for t in v):
-            raise ValueError("transitions: each must contain {q} (the next question) exactly once")
-        return v
+        return _transitions(v) or []
 
     def for_persona(self, name: str) -> PersonaFeedback:
         fb = self.personas.get(name)
@@ -154,40 +124,139 @@ class FeedbackBank(_Phrases):
 
     def phrases(self) -> list[str]:
         """Every phrase in the bank (transitions without their {q})."""
-        out = [*self.broken.cut_off, *self.broken.degenerate, *(t.replace("{q}", "").strip() for t in self.transitions)]
+        def broken(b: Broken) -> list[str]:
+            return [*b.cut_off, *b.degenerate, *(b.too_short or [])]
+
+        out = [*broken(self.broken), *(t.replace("{q}", "").strip() for t in self.transitions)]
         for fb in self.personas.values():
-            out += [*fb.praise, *fb.complaints]
+            out += fb.praise + fb.unhappy()
             if fb.broken:
-                out += [*fb.broken.cut_off, *fb.broken.degenerate]
+                out += broken(fb.broken)
             out += [t.replace("{q}", "").strip() for t in fb.transitions or []]
         return [p for p in out if p]
 
 
-def load_feedback(path: str | Path | None = None) -> FeedbackBank:
-    """The feedback bank in ``path`` (YAML; default: the shipped natural bank)."""
-    path = Path(path) if path else DEFAULT_FEEDBACK
+class PersonaFile(_Phrases):
+    """A persona file (YAML): what the user wants, its check, and their words (docs/personas.md)."""
+
+    name: str | None = None  # default: the file's name without .yaml
+    wants: str
+    told: str
+    check: Any
+    praise: list[str]
+    complaints: list[str]
+    requests: list[str] = []
+    broken: Broken | None = None
+    transitions: list[str] | None = None
+
+    @field_validator("praise", "complaints")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        return cls._check(v, "praise/complaints")
+
+    @field_validator("wants", "told")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("write one sentence")
+        return v.strip()
+
+    @field_validator("transitions")
+    @classmethod
+    def _has_question(cls, v: list[str] | None) -> list[str] | None:
+        return _transitions(v)
+
+
+_FILE_KEYS = {
+    "wants": "what the user wants, in their words, e.g. 'answers under 40 words'",
+    "told": "the preference told plainly to the model, e.g. 'Answer in under 40 words.'",
+    "check": "the check, e.g. {words: {max: 39}} (docs/personas.md lists every key)",
+    "praise": "a list of what the user says to an answer they like",
+    "complaints": "a list of what the user says to an answer that misses their preference",
+}
+
+
+def _read_yaml(path: Path, what: str, flag: str) -> Any:
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError as e:
-        raise ConfigError(f"feedback file {path} not found; pass an existing YAML file to --feedback.") from e
+        raise ConfigError(f"{what} {path} not found; pass an existing YAML file to {flag}.") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"feedback file {path} is not valid YAML: {e}") from e
+        raise ConfigError(f"{what} {path} is not valid YAML: {e}") from e
+
+
+def _shared() -> dict[str, Any]:
+    return dict(_read_yaml(SHARED_WORDS, "shared words file", "--feedback"))
+
+
+def load_persona_file(path: str | Path) -> tuple[Preference, PersonaFeedback]:
+    """A persona file's preference and words (shared broken-answer complaints and transitions filled
+    in); a ``ConfigError`` names the bad key and what to write there."""
+    path = Path(path)
+    data = _read_yaml(path, "persona file", "--persona-file")
+    if not isinstance(data, dict):
+        raise ConfigError(f"persona file {path}: write a mapping with the keys {', '.join(_FILE_KEYS)} "
+                          "(docs/personas.md).")
+    try:
+        spec = PersonaFile.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        fix = _FILE_KEYS.get(str(first["loc"][0]), "") if first["type"] == "missing" else ""
+        msg = f"missing; write {fix}" if fix else first["msg"]
+        raise ConfigError(f"persona file {path}: {where}: {msg} (docs/personas.md).") from e
+    try:
+        check = parse_check(spec.check)
+    except CheckError as e:
+        raise ConfigError(f"persona file {path}: {e} (docs/personas.md).") from e
+    shared = _shared()
+    name = spec.name or path.stem
+    pref = Preference(name, spec.wants, spec.told, check, check.found)
+    fb = PersonaFeedback(praise=spec.praise, complaints=spec.complaints, requests=spec.requests,
+                         broken=spec.broken or Broken.model_validate(shared["broken"]),
+                         transitions=spec.transitions or list(shared["transitions"]))
+    return pref, fb
+
+
+def shipped_personas() -> dict[str, Path]:
+    """The persona files that come with clawproxy, by name."""
+    return {p.stem: p for p in sorted(PERSONA_DIR.glob("*.yaml")) if p != SHARED_WORDS}
+
+
+_SHIPPED = {name: load_persona_file(path) for name, path in shipped_personas().items()}
+PREFERENCES: dict[str, Preference] = {name: pref for name, (pref, _) in _SHIPPED.items()}
+
+
+def load_feedback(path: str | Path | None = None) -> FeedbackBank:
+    """The feedback bank in ``path`` (YAML; default: the shipped persona files' words)."""
+    if path is None:
+        shared = _shared()
+        return FeedbackBank(broken=Broken.model_validate(shared["broken"]), transitions=shared["transitions"],
+                            personas={n: fb.model_copy(update={"broken": None, "transitions": None})
+                                      for n, (_, fb) in _SHIPPED.items()})
+    path = Path(path)
+    data = _read_yaml(path, "feedback file", "--feedback")
     try:
         return FeedbackBank.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"feedback file {path}: {where}: {first['msg']} (see {DEFAULT_FEEDBACK.name} for the format).") from e
+        raise ConfigError(f"feedback file {path}: {where}: {first['msg']} (see docs/personas.md for the format).") from e
 
 
-# answer_flaw() reasons that read as broken to a person; a very short answer may be a fine answer.
+# answer_flaw() reasons that read as broken to any reader.
 _BROKEN = {"empty", "symbols", "repeated_word", "looping", "low_vocabulary"}
 
 
-def answer_problem(answer: str, finish_reason: str | None = None) -> str | None:
-    """'degenerate' for a looping or empty answer, 'cut_off' for one the token limit cut off, else None."""
-    if answer_flaw(answer) in _BROKEN:
+def answer_problem(answer: str, finish_reason: str | None = None, short_is_broken: bool = True) -> str | None:
+    """'degenerate' for a looping or empty answer, 'too_short' for a word or two that cannot answer
+    the question (unless ``short_is_broken`` is off: the simulated user before 2026-12), 'cut_off'
+    for one the token limit cut off, else None."""
+    flaw = answer_flaw(answer)
+    if flaw in _BROKEN:
         return "degenerate"
+    if flaw == "too_short" and short_is_broken:
+        return "too_short"
     if finish_reason == "length":
         return "cut_off"
     return None
@@ -204,7 +273,7 @@ class Reaction:
     met: bool  # the preference check (the oracle's reward)
     feedback: str  # the reaction alone
     message: str  # what is sent: the reaction, plus the next question if the conversation goes on
-    problem: str | None = None  # 'cut_off' | 'degenerate': complained about even when met
+    problem: str | None = None  # 'cut_off' | 'degenerate' | 'too_short': complained about even when met
 
 
 @dataclass
@@ -214,6 +283,7 @@ class ScriptedPersona:
     preference: Preference
     seed: int = 0
     words: PersonaFeedback | None = None  # None: the shipped bank's phrases for this preference
+    short_is_broken: bool = True  # a word or two is no answer (False: the simulated user before 2026-12)
     rng: random.Random = field(init=False)
     _last: dict[bool, int] = field(init=False, default_factory=dict)
 
@@ -243,19 +313,21 @@ class ScriptedPersona:
         return options[idx]
 
     def feedback(self, question: str, answer: str, met: bool, problem: str | None = None) -> str:
-        """Praise when the preference is met and the answer is whole; the preference's complaint
-        when it is not met; a complaint about the broken answer when it is met but cut off or looping."""
+        """Praise when the preference is met and the answer is whole; the preference's complaint (or
+        request) when it is not met; a complaint about the broken answer when it is met but cut off,
+        looping or too short to answer."""
         w = self.feedback_words
         if met and problem:
-            return self._pick(getattr(w.broken, problem), False)
+            assert w.broken is not None
+            return self._pick(getattr(w.broken, problem) or w.broken.degenerate, False)
         if met:
             return self._pick(w.praise, True)
-        return self._pick(w.complaints, False).format(**complaint_fields(answer))
+        return self._pick(w.unhappy(), False).format(**complaint_fields(answer, self.preference.found(answer)))
 
     def react(self, question: str, answer: str, next_question: str | None,
               finish_reason: str | None = None) -> Reaction:
         met = self.check(answer)
-        problem = answer_problem(answer, finish_reason)
+        problem = answer_problem(answer, finish_reason, self.short_is_broken)
         fb = self.feedback(question, answer, met, problem)
         if next_question is None:
             return Reaction(met, fb, fb, problem)
@@ -287,7 +359,8 @@ class LLMPersona(ScriptedPersona):
 
         verdict = "does" if met else "does NOT"
         broken = {"cut_off": " It was cut off before the end.",
-                  "degenerate": " It repeats itself or makes no sense."}.get(problem or "", "")
+                  "degenerate": " It repeats itself or makes no sense.",
+                  "too_short": " It is too short to answer the question."}.get(problem or "", "")
         prompt = (
             f"You are a busy person chatting with an AI assistant. You want {self.preference.description}. "
             f"You asked: {question!r}. The assistant answered:\n---\n{answer}\n---\n"
@@ -314,14 +387,30 @@ class LLMPersona(ScriptedPersona):
         return text
 
 
+def is_persona_file(name: str) -> bool:
+    return name.endswith((".yaml", ".yml")) or "/" in name
+
+
+def preference_of(name: str) -> Preference:
+    """The preference of a shipped persona name or a persona file path (a ConfigError names a bad one)."""
+    if is_persona_file(name):
+        return load_persona_file(name)[0]
+    if name not in _SHIPPED:
+        raise ConfigError(f"unknown persona {name!r}; choose one of {', '.join(PREFERENCES)}, "
+                          "or pass your own file with --persona-file (docs/personas.md).")
+    return PREFERENCES[name]
+
+
 def make_persona(name: str, seed: int = 0, llm_url: str | None = None, llm_model: str = "default",
-                 llm_api_key: str = "sk-none", feedback: str | Path | None = None) -> ScriptedPersona:
-    """A persona by preference name, speaking the phrases of the ``feedback`` bank (default: the
-    shipped one); with ``llm_url`` its feedback comes from that endpoint instead."""
-    if name not in PREFERENCES:
-        raise ConfigError(f"unknown persona {name!r}; choose one of {', '.join(PREFERENCES)}.")
-    words = load_feedback(feedback).for_persona(name)
+                 llm_api_key: str = "sk-none", feedback: str | Path | None = None,
+                 short_is_broken: bool = True) -> ScriptedPersona:
+    """A persona by shipped name or persona file path, speaking its own words (or, with ``feedback``,
+    that bank's phrases for its name); with ``llm_url`` its feedback comes from that endpoint instead."""
+    pref = preference_of(name)
+    words = load_persona_file(name)[1] if is_persona_file(name) else _SHIPPED[name][1]
+    if feedback is not None:
+        words = load_feedback(feedback).for_persona(pref.name)
     if llm_url:
-        return LLMPersona(PREFERENCES[name], seed=seed, words=words, base_url=llm_url, model=llm_model,
-                          api_key=llm_api_key)
-    return ScriptedPersona(PREFERENCES[name], seed=seed, words=words)
+        return LLMPersona(pref, seed=seed, words=words, short_is_broken=short_is_broken, base_url=llm_url,
+                          model=llm_model, api_key=llm_api_key)
+    return ScriptedPersona(pref, seed=seed, words=words, short_is_broken=short_is_broken)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ import aiohttp
 
 from clawproxy.engine.spec import engine_spec
 from clawproxy.simulate.driver import (
+    Completion,
     Driver,
     DriverSettings,
     Interaction,
@@ -33,6 +35,7 @@ from clawproxy.simulate.driver import (
     cycle_prompts,
 )
 from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
+from clawproxy.simulate.peers import CAPABILITY_TASKS, capability_right, effort, streak, told_prompt
 from clawproxy.simulate.personas import ScriptedPersona, make_persona
 from clawproxy.simulate.prompts import (
     HELDOUT_PROMPTS,
@@ -72,6 +75,8 @@ class SimSettings:
     llm_persona_model: str = "default"
     feedback: str | None = None  # feedback bank (YAML); None: the shipped natural bank
     eval_prompts: str = "heldout"  # 'validation' while tuning; 'heldout' only for the reported curve
+    peers: bool = True  # capability (base and last point) and the told baseline beside adoption
+    short_is_broken: bool = True  # the simulated user calls a word or two no answer (False: as before 2026-12)
     method: str = ""  # informational (the trainer's method), recorded in the curve
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -227,6 +232,18 @@ class StoreView:
         return written
 
 
+def peer_measures(interactions: list[Interaction]) -> dict[str, Any]:
+    """User effort per window and the streak, from the interactions in the order they happened."""
+    conversations: dict[str, list[bool]] = {}
+    for it in interactions:
+        conversations.setdefault(it.session_id, []).append(it.met and it.problem is None)
+    windows = effort([it.met for it in interactions])
+    return {"effort": windows,  # complaints about the preference, per WINDOW interactions
+            "effort_ratio": round(windows[-1] / windows[0], 3) if len(windows) > 1 and windows[0] else None,
+            "complaints": effort([it.intended == 1 for it in interactions]),  # any complaint, broken answers too
+            "streak_at": streak(list(conversations.values()))}
+
+
 async def served_version(http: aiohttp.ClientSession, engine_url: str | None, kind: str = "embedded") -> int | None:
     if not engine_url or not engine_spec(kind).reports_weight_version:  # the trainer publishes after the load
         return None
@@ -242,7 +259,8 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                    on_interaction: Callable[[Interaction], None] | None = None) -> Curve:
     """Run one persona through the running system; returns the adoption curve."""
     persona: ScriptedPersona = make_persona(s.persona, seed=s.seed, llm_url=s.llm_persona_url,
-                                            llm_model=s.llm_persona_model, feedback=s.feedback)
+                                            llm_model=s.llm_persona_model, feedback=s.feedback,
+                                            short_is_broken=s.short_is_broken)
     eval_pool = {"heldout": HELDOUT_PROMPTS, "validation": VALIDATION_PROMPTS}.get(s.eval_prompts)
     if eval_pool is None:
         raise ValueError(f"eval_prompts={s.eval_prompts!r}: use 'heldout' or 'validation'")
@@ -281,7 +299,14 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                 await asyncio.sleep(2.0)
             log.warning("settle timeout after %.0fs; measuring anyway", s.settle_timeout_s)
 
-        async def measure(done: int) -> None:
+        async def ask(prompts: list[str], model: str) -> list[Completion]:
+            if s.eval_url:
+                return await answer_heldout(http, s.eval_url, prompts, model=model, system_prompt=SYSTEM_PROMPT,
+                                            max_tokens=s.eval_max_tokens, seed=s.seed)
+            return await answer_heldout(http, s.proxy_url, prompts, model=s.model, system_prompt=SYSTEM_PROMPT,
+                                        max_tokens=s.eval_max_tokens, seed=s.seed, via_proxy=True)
+
+        async def measure(done: int, last: bool = False) -> None:
             await settle()
             held = list(eval_pool)
             model, version = s.model, None
@@ -289,14 +314,7 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                 # straight to vLLM: name what the proxy would route to, and read its version
                 version, format = await asyncio.to_thread(view.published)
                 model = s.adapter if format == "lora" else s.model
-            if s.eval_url:
-                comps = await answer_heldout(http, s.eval_url, held, model=model,
-                                             system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
-                                             seed=s.seed)
-            else:
-                comps = await answer_heldout(http, s.proxy_url, held, model=s.model,
-                                             system_prompt=SYSTEM_PROMPT, max_tokens=s.eval_max_tokens,
-                                             seed=s.seed, via_proxy=True)
+            comps = await ask(held, model)
             graded = await asyncio.to_thread(score_answers, held, [c.text for c in comps],
                                              persona.check, s.on_topic_min,
                                              [c.finish_reason == "length" for c in comps])
@@ -310,8 +328,25 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                                time.monotonic() - t0, s.on_topic_min, score, judged)
             curve.points.append(point)
             since_point.clear()
+            if s.peers and (done == 0 or last):
+                await measure_peers(model, held, done == 0)
             if on_point:
                 on_point(point)
+
+        async def measure_peers(model: str, held: list[str], base: bool) -> None:
+            """Capability on every call (the base's first); the told baseline on the base model alone."""
+            tasks = list(CAPABILITY_TASKS)
+            answers = await ask([t.prompt for t in tasks], model)
+            right = await asyncio.to_thread(capability_right, tasks, [c.text for c in answers])
+            cap = curve.peers.setdefault("capability", {"tasks": len(tasks)})
+            cap["base" if base else "final"] = sum(right)
+            cap["base_right" if base else "final_right"] = right
+            if base:
+                told = await ask([told_prompt(p, persona.preference.hint) for p in held], s.model)
+                graded = await asyncio.to_thread(score_answers, held, [c.text for c in told], persona.check,
+                                                 s.on_topic_min, [c.finish_reason == "length" for c in told])
+                curve.peers["told"] = make_point(0, graded, None, 0.0, s.on_topic_min).adoption
+                curve.peers["told_words"] = round(statistics.fmean([g.words for g in graded]), 1) if graded else None
 
         await measure(0)
         done = 0
@@ -329,13 +364,14 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
                 await asyncio.to_thread(view.write_oracle_judgments, interactions, persona.preference.hint)
             prev, done = done, done + n
             if done // s.eval_every > prev // s.eval_every or done == s.interactions:
-                await measure(done)
+                await measure(done, last=done == s.interactions)
     if view:
         if not s.oracle:
             curve.judge_agreement = await asyncio.to_thread(view.judge_agreement, interactions)
         curve.samples = await asyncio.to_thread(view.sample_accounting, interactions)
         curve.trying = await asyncio.to_thread(view.trying_report, interactions)
         view.close()
+    curve.peers.update(peer_measures(interactions))
     curve.wall_s = round(time.monotonic() - t0, 1)
     curve.settings["train_met_rate"] = (sum(i.met for i in interactions) / len(interactions)) if interactions else None
     return curve

@@ -142,6 +142,24 @@ class Preferences(Core):
             "(t.instruction_id = ? OR EXISTS (SELECT 1 FROM json_each(t.applied_ids) WHERE value = ?)) "
             "ORDER BY t.id DESC LIMIT ?", (since or 0.0, pref_id, pref_id, limit))
 
+    def answers_under(self, pref_id: int, limit: int = 8, since: float | None = None,
+                      tried_only: bool = False) -> list[str]:
+        """The newest answers served with this preference (only those it was tried on, with
+        ``tried_only``; after ``since``), newest first: what the instruction made of them."""
+        role = "AND t.instruction_role = 'try' AND t.instruction_id = ? " if tried_only else (
+            "AND (t.instruction_id = ? OR EXISTS (SELECT 1 FROM json_each(t.applied_ids) WHERE value = ?)) ")
+        args: tuple[Any, ...] = (since or 0.0, pref_id) if tried_only else (since or 0.0, pref_id, pref_id)
+        return [r["response_text"] or "" for r in self.query(
+            "SELECT t.response_text FROM turns t WHERE t.response_tool_calls IS NULL AND t.created_at >= ? "
+            + role + "ORDER BY t.id DESC LIMIT ?", (*args, limit))]
+
+    def untried_answers(self, user: str | None, score: int, limit: int = 8) -> list[str]:
+        """The user's newest untried answers (no instruction, no tool call) judged ``score``, newest first."""
+        return [r["response_text"] or "" for r in self.query(
+            "SELECT t.response_text FROM turns t JOIN judgments j ON j.turn_id = t.id WHERE t.user IS ? "
+            "AND t.kind = 'main' AND t.instruction IS NULL AND t.response_tool_calls IS NULL AND j.score = ? "
+            "ORDER BY t.id DESC LIMIT ?", (user, score, limit))]
+
     def judgment_hints(self, turn_ids: list[int]) -> dict[int, str | None]:
         """turn id -> its judgment's hint (None: no hint), for the judged ones of these turns."""
         if not turn_ids:

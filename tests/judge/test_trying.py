@@ -14,6 +14,12 @@ from judge.voters import LexicalVoter
 from judge.worker import Worker
 from tests.judge.conftest import add_turn
 
+ESSAY = ("Tides are caused mainly by the gravitational pull of the Moon on the oceans. Because the pull is "
+         "stronger on the side of the Earth facing the Moon, the water bulges there, and a second bulge forms "
+         "on the far side. As the Earth turns, each coast passes through both bulges, which gives most places "
+         "two high tides and two low tides a day. The Sun adds a smaller pull of its own.")
+SHORT = "The Moon's pull makes the oceans bulge, so most coasts get two high tides a day."
+
 
 def _served(store, turn_id: int, *, tried: int | None = None, applied: list[int] | None = None) -> None:
     store.update("turns", "id", turn_id, {"instruction": "x", "instruction_id": tried, "applied_ids": applied,
@@ -32,7 +38,7 @@ def test_a_complaint_shortlists_the_banks_nearest_and_the_users_own_words(store)
     rows = store.preferences_of(None)
     assert len(rows) == 6 and all(r["shortlisted"] and r["status"] == "candidate" for r in rows)
     said = [r for r in rows if r["source"] == "said"]
-    assert [r["text"] for r in said] == ["this is far too wordy, trim it down"]
+    assert [r["text"] for r in said] == ["Trim the answer down."]
     bank = [r["text"] for r in rows if r["source"] == "bank"]
     # the bank's nearest are about length; none is about, say, tables or tone
     assert any("concise" in x.lower() or "short" in x.lower() or "words" in x.lower() for x in bank[:3]), bank
@@ -44,7 +50,7 @@ def test_praise_shortlists_nothing_and_a_request_for_agreement_is_never_a_candid
     _judge(store, Trier(store, TryingConfig()))
     assert store.preferences_of(None) == []
     assert said_instruction("just admit you're wrong", 12) is None
-    assert said_instruction("shorter next time please", 12) == "shorter next time please"
+    assert said_instruction("shorter next time please", 12) == "Shorter next time."
     assert said_instruction(" ".join(["word"] * 13), 12) is None
 
 
@@ -52,10 +58,10 @@ def test_evidence_is_counted_once_and_a_candidate_that_passes_the_rule_becomes_a
     cfg = TryingConfig(promote_good=2)
     pid = store.add_preference(None, "Keep replies short and to the point.", "bank", shortlisted=True, prior=0.6)
     for i in range(2):  # untried answers the user complained about
-        add_turn(store, f"u{i}", request=f"q{i}", response="(essay)", next_user="no, that's wrong, redo it")
-    good = [add_turn(store, f"s{i}", request=f"question {i}", response="Short.", next_user="thanks, perfect")
+        add_turn(store, f"u{i}", request=f"q{i}", response=ESSAY, next_user="no, that's wrong, redo it")
+    good = [add_turn(store, f"s{i}", request=f"question {i}", response=SHORT, next_user="thanks, perfect")
             for i in range(2)]
-    toolish = add_turn(store, "t", request="read it", response="Short.", next_user="thanks!",
+    toolish = add_turn(store, "t", request="read it", response=SHORT, next_user="thanks!",
                        tool_calls=[{"id": "c", "function": {"name": "read", "arguments": "{}"}}])
     for t in [*good, toolish]:
         _served(store, t, tried=pid)
@@ -82,8 +88,8 @@ def test_a_candidate_no_likelier_liked_than_the_untried_replies_stays_a_candidat
 def test_one_wrong_sign_does_not_block_a_candidate_the_user_plainly_prefers(store):
     pid = store.add_preference(None, "Answer in one sentence.", "bank", shortlisted=True)
     for i in range(4):  # untried answers the user complained about
-        add_turn(store, f"u{i}", request=f"q{i}", response="(essay)", next_user="no, that's wrong, redo it")
-    tried = [add_turn(store, f"t{i}", request=f"r{i}", response="a", next_user=reply)
+        add_turn(store, f"u{i}", request=f"q{i}", response=ESSAY, next_user="no, that's wrong, redo it")
+    tried = [add_turn(store, f"t{i}", request=f"r{i}", response=SHORT, next_user=reply)
              for i, reply in enumerate(("thanks, perfect", "no, that's wrong", "thanks, perfect"))]
     for t in tried:
         _served(store, t, tried=pid)
@@ -105,7 +111,7 @@ def test_an_active_preference_whose_replies_turn_bad_is_demoted_and_an_absorbed_
     cfg = TryingConfig(demote_window=4, demote_bad=3)
     pid = store.add_preference(None, "Answer in one sentence.", "manual", status="active")
     store.set_preference_gap(pid, 0.001, absorbed=True)
-    bad = [add_turn(store, "s", request="q", response="a", next_user="no, that's wrong, redo it")
+    bad = [add_turn(store, "s", request="q", response=SHORT, next_user="no, that's wrong, redo it")
            for _ in range(3)]
     for t in bad:
         _served(store, t, applied=[pid])
@@ -113,7 +119,7 @@ def test_an_active_preference_whose_replies_turn_bad_is_demoted_and_an_absorbed_
     _judge(store, trier)
     row = store.preference(pid)
     assert row["status"] == "active" and not row["absorbed"]  # first back into the prompt
-    more = [add_turn(store, "s", request="q", response="a", next_user="no, that's wrong, redo it")
+    more = [add_turn(store, "s", request="q", response=SHORT, next_user="no, that's wrong, redo it")
             for _ in range(3)]
     for t in more:
         _served(store, t, applied=[pid])
@@ -159,7 +165,7 @@ def test_an_abstention_leans_the_way_its_majority_did(store):
 
 
 def test_only_a_request_in_the_users_words_is_a_candidate():
-    assert said_instruction("ok. just give me the number.", 12) == "ok. just give me the number."
+    assert said_instruction("ok. just give me the number.", 12) == "Just give me the number."
     assert said_instruction("this is far too wordy, trim it down", 12) is not None
     # a description of the problem is not an instruction to serve back
     assert said_instruction("I can never find the part I need in these.", 12) is None
@@ -189,3 +195,46 @@ def test_the_banks_places_are_near_the_complaints_and_unlike_each_other():
         "Use bullet points."]
     assert "Use bullet points." not in [x for _, x in chooser.diverse(
         ["too dense"], 3, allowed=lambda x: x != "Use bullet points.")]
+
+
+@pytest.mark.parametrize(("reply", "instruction"), [
+    ("can I get that as a list", "Give the answer as a list."),
+    ("could you trim that down a lot", "Trim the answer down a lot."),
+    ("I'd like it shorter", "Make the answer shorter."),
+    ("I would like you to use headings", "Use headings."),
+    ("break it up? one item per line", "Break the answer up. One item per line."),
+    ("sorry, I only have a minute. shorter?", "Shorter."),
+    ("Could you please add a summary at the end?", "Add a summary at the end."),
+])
+def test_a_request_in_its_common_forms_becomes_an_instruction(reply, instruction):
+    assert said_instruction(reply, 12) == instruction
+
+
+def test_a_candidate_that_changed_nothing_or_broke_answers_is_not_promoted_on_good_signs(store):
+    """The judge's wrong signs (praise read into complaints) cannot make a preference of an
+    instruction whose answers look like the ones the user complained about, or are no answers."""
+    unchanged = store.add_preference(None, "Avoid contractions.", "bank", shortlisted=True)
+    broken = store.add_preference(None, "Answer in one word.", "bank", shortlisted=True)
+    fixed = store.add_preference(None, "Answer in one sentence.", "bank", shortlisted=True)
+    for i in range(4):
+        add_turn(store, f"u{i}", request=f"q{i}", response=ESSAY, next_user="no, that's wrong, redo it")
+    for pid, response in ((unchanged, ESSAY.replace("Tides", "The tides")), (broken, "Moon."), (fixed, SHORT)):
+        for i in range(2):
+            _served(store, add_turn(store, f"t{pid}{i}", request="q", response=response, next_user="thanks, perfect"),
+                    tried=pid)
+    trier = Trier(store, TryingConfig())
+    _judge(store, trier)
+    status = {pid: store.preference(pid)["status"] for pid in (unchanged, broken, fixed)}
+    assert status == {unchanged: "candidate", broken: "candidate", fixed: "active"}
+    assert trier.form_flaw(store.preference(unchanged), None) == "unchanged"
+    assert trier.form_flaw(store.preference(broken), None) == "broken"
+    assert Trier(store, TryingConfig(min_movement=0)).form_flaw(store.preference(unchanged), None) is None
+
+
+def test_an_active_preference_whose_answers_are_broken_is_demoted(store):
+    pid = store.add_preference(None, "Answer in one word.", "bank", status="active")
+    for i in range(2):
+        _served(store, add_turn(store, f"s{i}", request="q", response="Moon.", next_user="thanks, perfect"),
+                applied=[pid])
+    _judge(store, Trier(store, TryingConfig()))
+    assert store.preference(pid)["status"] == "demoted"

@@ -98,12 +98,20 @@ def test_never_on_learn_off_side_requests_or_a_tools_result():
 def test_thompson_sampling_prefers_the_candidate_with_good_replies():
     t = _trying()
     cands = [_cand(1, good=0, bad=3), _cand(2, good=4, bad=0), _cand(3, good=0, bad=0)]
+    t.pulled.add(3)  # served once, its reply not judged yet
     picks = [t.pick(cands)["id"] for _ in range(200)]
     assert picks.count(2) > 2 * picks.count(3) and picks.count(1) < 10  # P(Beta(6,1) > Beta(2,1)) = 0.75
-    # with no evidence the nearest to the complaints leads, but every candidate is tried
-    fresh = [_cand(1, prior=0.9), _cand(2, prior=0.3), _cand(3, prior=0.3)]
+    # untried, each is served once first, nearest to the complaints first (sequential halving)
+    t = _trying()
+    fresh = [_cand(1, prior=0.3), _cand(2, prior=0.9), _cand(3, prior=0.5)]
+    order = []
+    for _ in range(3):
+        order.append(t.pick(fresh)["id"])
+        t.pulled.add(order[-1])
+    assert order == [2, 3, 1]
+    # then, still without evidence, the nearest leads, but every candidate is tried
     picks = [t.pick(fresh)["id"] for _ in range(300)]
-    assert picks.count(1) > picks.count(2) and min(picks.count(i) for i in (1, 2, 3)) > 20
+    assert picks.count(2) > picks.count(1) and min(picks.count(i) for i in (1, 2, 3)) > 20
 
 
 async def test_through_the_proxy_the_upstream_sees_the_instruction_and_the_turn_records_it(rig):

@@ -18,15 +18,8 @@ from clawproxy.simulate.measure import (
     write_json,
 )
 from clawproxy.simulate.personas import (
-    DEFAULT_FEEDBACK,
     PREFERENCES,
-    SIGN_OFF,
     ScriptedPersona,
-    filler_phrases,
-    has_no_filler,
-    has_sign_off,
-    is_bulleted,
-    is_concise,
     load_feedback,
     make_persona,
 )
@@ -38,6 +31,11 @@ SHORT = "Put the egg in boiling water for nine minutes, then cool it in cold wat
 ESSAY = ("To boil an egg, bring a pot of water to a rolling boil. Lower the egg in gently with a "
          "spoon so the shell does not crack. Cook it for six minutes for a soft yolk or nine for a "
          "firm one, then move it to a bowl of ice water and peel it once cool.")
+SIGN_OFF = "Have a great day!"
+is_concise = PREFERENCES["concise"].check
+is_bulleted = PREFERENCES["bullets"].check
+has_no_filler = PREFERENCES["no_filler"].check
+has_sign_off = PREFERENCES["sign_off"].check
 BULLETS = "- Boil water\n- Add the egg for 9 minutes\n- Cool it in cold water"
 
 
@@ -63,7 +61,8 @@ def test_bullets_need_a_real_list():
 
 
 def test_filler_phrases_found_case_insensitively():
-    assert filler_phrases("Sorry, I can't. Great question though!") == ["Sorry", "Great question"]
+    assert PREFERENCES["no_filler"].found("Sorry, I can't. Great question though!") == "Sorry"
+    assert PREFERENCES["no_filler"].found("Fine. Great question though!") == "Great question"
     assert not has_no_filler("Certainly! Boil it for 9 minutes.")
     assert not has_no_filler("Boil it. I hope this helps!")
     assert has_no_filler(SHORT)
@@ -107,8 +106,8 @@ def test_the_shipped_complaints_mostly_do_not_state_the_rule():
     import re
 
     for name, fb in bank.personas.items():
-        stated = [c for c in fb.complaints if re.search(rules[name], c, re.IGNORECASE)]
-        assert len(stated) <= len(fb.complaints) // 4, (name, stated)
+        stated = [c for c in fb.unhappy() if re.search(rules[name], c, re.IGNORECASE)]
+        assert len(stated) <= len(fb.unhappy()) // 4, (name, stated)
 
 
 def test_feedback_comes_from_the_file(tmp_path):
@@ -142,7 +141,7 @@ def test_a_bad_feedback_file_is_a_clear_error(tmp_path, text, fix):
 
 
 def test_the_shipped_bank_covers_every_persona():
-    assert set(load_feedback(DEFAULT_FEEDBACK).personas) == set(PREFERENCES)
+    assert set(load_feedback().personas) == set(PREFERENCES) == {"concise", "bullets", "no_filler", "sign_off"}
 
 
 def test_no_filler_complaint_quotes_the_phrase():
