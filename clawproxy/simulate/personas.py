@@ -204,6 +204,8 @@ def load_persona_file(path: str | Path) -> tuple[Preference, PersonaFeedback]:
         where = ".".join(str(x) for x in first["loc"])
         fix = _FILE_KEYS.get(str(first["loc"][0]), "") if first["type"] == "missing" else ""
         msg = f"missing; write {fix}" if fix else first["msg"]
+        if first["type"] == "string_type":  # YAML reads a bare no, yes, on or off as true/false
+            msg += f" (got {first['input']!r}; put the phrase in quotes)"
         raise ConfigError(f"persona file {path}: {where}: {msg} (docs/personas.md).") from e
     try:
         check = parse_check(spec.check)

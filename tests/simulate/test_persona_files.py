@@ -117,6 +117,8 @@ def test_a_persona_file_of_ones_own(tmp_path):
     (MINE.replace("wants: a one-line TL;DR at the end\n", ""), "wants: missing; write what the user wants"),
     (MINE.replace("  - words: {min: 5}", "  - words: 5"), "check[0].words: write {min: N, max: N}"),
     (MINE.replace('praise: ["nice summary at the end", "good, the tldr helps"]', "praise: []"), "praise"),
+    (MINE.replace('praise: ["nice summary at the end", "good, the tldr helps"]', "praise: [yes, good]"),
+     "praise.0: Input should be a valid string (got True; put the phrase in quotes)"),
     ("- just a list", "write a mapping with the keys wants, told, check"),
     ("wants: [", "not valid YAML"),
 ])
@@ -143,3 +145,21 @@ def test_a_too_short_answer_is_broken_to_the_new_user_and_fine_to_the_old_one():
     assert r.met and r.problem == "too_short" and r.feedback in new.words.broken.too_short
     r = old.react("How do I boil an egg?", "Boil it.", None)
     assert r.met and r.problem is None and r.feedback in old.words.praise
+
+
+def test_the_docs_examples_are_valid_persona_files_and_checks(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "personas.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, re.DOTALL)
+    path = write(tmp_path, blocks[0], "tldr.yaml")
+    pref, _ = load_persona_file(path)
+    assert pref.check("Boil the egg for nine minutes.\nTL;DR: nine minutes in boiling water.")
+    assert not pref.check("Boil the egg for nine minutes.")
+    examples = [yaml.safe_load(line)["check"] for line in blocks[1].splitlines() if line.startswith("check:")]
+    assert len(examples) == 5
+    for spec in examples:
+        parse_check(spec)
+    assert parse_check(examples[1])("1. Boil\n2. Wait\n3. Cool") and not parse_check(examples[1])(PROSE)

@@ -92,7 +92,7 @@ async def test_driver_talks_like_openclaw(aiohttp_server):
     # The reaction to each answer is the next user message (the turn's next state).
     assert not its[0].met and its[0].intended == -1
     assert its[0].feedback in {c.format(n=f"{len(its[0].answer.split())} words", found="that filler")
-                               for c in persona.words.complaints}
+                               for c in persona.words.unhappy()}
     assert bodies[1][-1]["content"].startswith(its[0].feedback)
     assert "make tea" in bodies[1][-1]["content"].lower()
     assert bodies[3][-1]["content"] == its[2].feedback  # closing call carries the last reaction
@@ -212,10 +212,25 @@ def test_simulate_cli_end_to_end_writes_curve(tmp_path):
     assert "adoption" in res.output
     assert pts[-1]["cut_off_share"] == 0.0
     assert doc["curves"][0]["settings"]["feedback"] is None
+    peers = doc["curves"][0]["peers"]
+    assert peers["effort"] == [3] and peers["streak_at"] is None  # 3 long answers, then one good conversation
+    assert set(peers) >= {"effort", "complaints", "streak_at", "told", "capability"}
+    assert peers["capability"]["tasks"] == 8 and "base" in peers["capability"] and "final" in peers["capability"]
+    assert "user effort" in res.output and "told baseline" in res.output and "capability" in res.output
 
 
 def test_simulate_cli_rejects_a_bad_feedback_file(tmp_path):
     bad = tmp_path / "fb.yaml"
     bad.write_text("personas: {concise: {praise: [ok]}}\n")
     res = CliRunner().invoke(simulate_cmd, ["--proxy-url", "http://127.0.0.1:9", "--feedback", str(bad)])
-    assert res.exit_code != 0 and "fb.yaml" in res.output and "default.yaml" in res.output
+    assert res.exit_code != 0 and "fb.yaml" in res.output and "docs/personas.md" in res.output
+
+
+def test_simulate_cli_rejects_a_bad_persona_file_before_starting_anything(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("wants: lists\ntold: Use lists.\ncheck: {lines_matching: {min: 2}}\npraise: [ok]\ncomplaints: [nope]\n")
+    res = CliRunner().invoke(simulate_cmd, ["--persona-file", str(bad)])
+    assert res.exit_code != 0 and "mine.yaml" in res.output and "check.lines_matching" in res.output
+    assert "{pattern: REGEX" in res.output
+    res = CliRunner().invoke(simulate_cmd, ["--persona", "bullets", "--persona-file", str(bad)])
+    assert res.exit_code != 0 and "one of them" in res.output
