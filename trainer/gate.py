@@ -35,6 +35,11 @@ class CanaryReference:
     logprobs: list[torch.Tensor]  # per canary: (len(output), vocab) log-softmax, CPU float32
     degenerate: list[bool]
 
+    @property
+    def finite(self) -> bool:
+        """Computed from finite weights: only such a reference is worth keeping."""
+        return all(bool(torch.isfinite(lp).all()) for lp in self.logprobs)
+
 
 @dataclass
 class GateReport:

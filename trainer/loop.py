@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +84,7 @@ from trainer.policy import (
 )
 from trainer.publishing import Publisher
 
+CANARIES_KEPT = 4  # canary references kept, one per (owner, version): ~175-350 MB each for the 1.5B
 log = logging.getLogger(__name__)
 MIN_LR_SCALE = 1 / 8  # refusal_backoff never takes the learning rate below this share of it
 T = TypeVar("T")
@@ -319,7 +320,9 @@ class Trainer:
         self.policy = Policy(model, params, teacher, tokenizer, accelerator)
         self.held = Holding(self.policy, self.optimizer, self.base_dir, fresh, current)
         self.publisher = Publisher(cfg, store, engine, self.policy, self.base_dir, self.ckpt_root)
-        self.canary: gate.CanaryReference | None = None
+        # each (owner, version)'s canary answers, newest last: a refused step or a switch back to a
+        # user whose adapter has not changed reuses them instead of generating them again
+        self.canaries: OrderedDict[tuple[str | None, int], gate.CanaryReference] = OrderedDict()
         self.skipped: Counter[str] = Counter()  # main process: skip reasons since the last published step
         log.info("trainer ready: %s from v%d (%s), teacher=%s, method=%s",
                  self.tcfg.finetune, self.current.version, self.current.path, self.tcfg.teacher, self.tcfg.method)
@@ -343,7 +346,7 @@ class Trainer:
         results: list[StepResult] = []
         while steps is None or len(results) < steps:
             batch = self.collect()
-            self._ensure_canary()  # off the critical path: computed while waiting for samples
+            self._canary()  # off the critical path: computed while waiting for samples
             if len(batch.samples) < self.tcfg.batch_size:
                 if not follow:
                     break
@@ -396,7 +399,6 @@ class Trainer:
         if batch.owner != self.owner:
             log.info("training %s from v%d", _whose(batch.owner), batch.serving.version)
             self.held.switch(batch.owner, batch.serving)
-            self.canary = None
         elif batch.serving.version != self.current.version:
             if self.current.version >= 0:  # -1: a removed user's weights were just dropped, nothing changed elsewhere
                 log.info("serving version changed to v%d outside this trainer; reloading it", batch.serving.version)
@@ -468,11 +470,15 @@ class Trainer:
         """Train on ``batch``, gate the new weights, then publish them or go back to the last published."""
         batch_ready = time.time()
         acc = self.policy.accelerator
-        self._ensure_canary()
+        t0 = time.perf_counter()
+        previous = self._canary()
+        canary_s = time.perf_counter() - t0
         m = train_step(self.policy, self.optimizer, batch, self.tcfg)
-        report, new_ref = gate.check(self.policy.no_sync_model(), self.policy.tokenizer, self.tcfg, self.canary,
+        t0 = time.perf_counter()
+        report, new_ref = gate.check(self.policy.no_sync_model(), self.policy.tokenizer, self.tcfg, previous,
                                      loss=m.loss, grad_norm=m.grad_norm, accelerator=acc)
         m.gate = report.as_dict()
+        m.gate_s, m.canary_s = time.perf_counter() - t0, canary_s
         base = self.current.version
         if not report.ok:
             # refused samples count as used: a batch that poisons the weights would be retried forever
@@ -482,6 +488,8 @@ class Trainer:
                 step_id = self.publisher.record(self.held, batch.samples, m, "gate_failed", None)
                 self.store.log_event("gate_failed", {"step_id": step_id, "base_version": base,
                                                      "failed": report.failed, "gate": report.as_dict()})
+            if not previous.finite:  # made from weights that were already broken: not the version's own
+                self.canaries.pop((self.owner, previous.version), None)
             self._restore(self.current)
             return StepResult(step_id, "gate_failed", base, None, m.as_dict())
 
@@ -494,8 +502,8 @@ class Trainer:
         if status == "superseded":  # collect() loads the version now serving before the next step
             return StepResult(step_id, status, base, None, m.as_dict())
         if status == "user_removed":
+            self.canaries = OrderedDict((k, v) for k, v in self.canaries.items() if k[0] != owner)
             self.held.forget_owner()
-            self.canary = None
             return StepResult(None, status, base, None, m.as_dict())
         if status != "published" or version is None:
             self._restore(self.current)
@@ -503,20 +511,29 @@ class Trainer:
         self.held.current = Version(version, self.ckpt_root / f"v{version}", "lora" if self.is_lora else "full")
         self.policy.teacher.after_step(self.policy.model)
         new_ref.version = version
-        self.canary = new_ref
+        self._keep_canary(owner, new_ref)
         self.skipped.clear()
         return StepResult(step_id, "published", base, version, m.as_dict())
 
-    def _ensure_canary(self) -> None:
-        """The serving version's canary answers, the gate's point of comparison."""
-        if self.canary is None or self.canary.version != self.current.version:
-            self.canary = gate.canary_reference(self.policy.no_sync_model(), self.policy.tokenizer, self.tcfg,
-                                                self.current.version, self.policy.accelerator)
+    def _canary(self) -> gate.CanaryReference:
+        """The serving version's canary answers, the gate's point of comparison (generated once per
+        owner and version)."""
+        ref = self.canaries.get((self.owner, self.current.version))
+        if ref is None:
+            ref = gate.canary_reference(self.policy.no_sync_model(), self.policy.tokenizer, self.tcfg,
+                                        self.current.version, self.policy.accelerator)
+        self._keep_canary(self.owner, ref)
+        return ref
+
+    def _keep_canary(self, owner: str | None, ref: gate.CanaryReference) -> None:
+        self.canaries[(owner, ref.version)] = ref
+        self.canaries.move_to_end((owner, ref.version))
+        while len(self.canaries) > CANARIES_KEPT:
+            self.canaries.popitem(last=False)
 
     def _restore(self, version: Version) -> None:
-        """Put ``version``'s weights back; the canary is recomputed from them before the next step."""
+        """Put ``version``'s weights back (its canary answers, if kept, are still its own)."""
         self.held.restore(version)
-        self.canary = None
 
     def adapter_weights(self) -> dict[str, torch.Tensor]:
         """The policy's adapter weights now (PEFT's state dict, on the CPU)."""

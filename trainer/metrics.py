@@ -48,6 +48,8 @@ class StepMetrics:
     train_s: float = 0.0
     # the gate and the publish
     gate: dict[str, Any] | None = None
+    gate_s: float | None = None  # the gate's checks on the new weights (its canaries generated once)
+    canary_s: float | None = None  # the serving version's canary answers, when not kept from before
     save_s: float | None = None
     reload_s: float | None = None
     publish_s: float | None = None
@@ -107,7 +109,7 @@ class StepMetrics:
             "skipped": self.skipped,
             "samples": self.samples,
         }
-        for key in ("gate", "save_s", "reload_s", "publish_s", "batch_to_serving_s", "save_error", "engine_error"):
+        for key in ("gate", "gate_s", "canary_s", "save_s", "reload_s", "publish_s", "batch_to_serving_s", "save_error", "engine_error"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out

@@ -528,3 +528,21 @@ def test_under_lora_a_preference_is_taught_by_the_base_model_and_a_judge_hint_by
     assert not torch.allclose(own[:n], base[:n])  # the adapter moved: the two teachers differ
     torch.testing.assert_close(got[0, :n], own[:n])
     torch.testing.assert_close(got[1, :n], base[:n])
+
+
+def test_a_refused_step_keeps_the_serving_versions_canaries_and_times_the_gate(rig, tiny_model_dir, monkeypatch):
+    """The gate's reference answers are generated once per version: a refused step does not make the
+    next one generate them again (on a CPU without bfloat16 that generation is most of the gate)."""
+    from trainer import gate
+
+    calls = []
+    real = gate.canary_reference
+    monkeypatch.setattr(gate, "canary_reference", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    cfg, store = rig(gate_max_kl=0.0)  # every step diverges "too far": refused
+    _add(store, tiny_model_dir, 4)
+    tr = _trainer(cfg, store)
+    results = tr.run(steps=2)
+    assert [r.status for r in results] == ["gate_failed", "gate_failed"]
+    assert calls == [0, 1, 1]  # v0's answers once, then each step's new weights
+    assert all(r.metrics["gate_s"] > 0 for r in results)
+    assert results[0].metrics["canary_s"] > 0 and results[1].metrics["canary_s"] < results[0].metrics["canary_s"]
