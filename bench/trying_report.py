@@ -1,4 +1,4 @@
-"""Learning by trying, per seed and over seeds: the figures issue 48 asks for, from `clawproxy simulate`'s curve.json files.
+"""Learning by trying and the peer measures, per seed and over seeds, from `clawproxy simulate`'s curve.json files.
 
     .venv/bin/python bench/trying_report.py /tmp/i48/concise-s*/out/curve.json
 
@@ -6,8 +6,10 @@ For each run (each user of a several-user run): the student's held-out adoption 
 instruction, greedy), the served adoption (what the user saw) overall and from the interaction the
 preference was found, that interaction, the share of answers tried (overall and once found), the
 judge on the tried answers (right / zero / wrong sign), the real-answer share of tried and untried
-answers, samples trained, each step's kl_behaviour and clip fraction, and the wall time; then the
-mean and sample standard deviation over the runs of one persona.
+answers, samples trained, each step's kl_behaviour and clip fraction, and the wall time; the peer
+measures (user effort per 12 interactions, the streak, capability at the start and the end, the told
+baseline); each step's train, gate and canary seconds; then the mean and sample standard deviation
+over the runs of one persona.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def rows(path: Path) -> list[dict[str, Any]]:
             "preferences": [(p["text"], p["status"], p["good"], p["bad"]) for p in t.get("preferences") or []
                             if p["status"] in ("active", "demoted")],
             "wall_min": round(c.get("wall_s", 0.0) / 60, 1),
+            "effort": (c.get("peers") or {}).get("effort"), "streak_at": (c.get("peers") or {}).get("streak_at"),
+            "told": (c.get("peers") or {}).get("told"),
+            "capability": ((c.get("peers") or {}).get("capability") or {}),
+            "degenerate_end": c["points"][-1]["degenerate_share"] if c["points"] else None,
+            "short_is_broken": c["settings"].get("short_is_broken"),
         })
     return out
 
@@ -69,6 +76,10 @@ def main() -> None:
               f"{j.get('right', 0)}/{j.get('zero', 0)}/{j.get('wrong', 0)}; real answers tried/untried "
               f"{_fmt(real.get('tried'))}/{_fmt(real.get('untried'))}; trained {r['trained']}; kl_behaviour "
               f"{_fmt(r['kl_behaviour'])}, clip {_fmt(r['clip_frac'])}; {r['wall_min']} min; found: {r['preferences']}")
+        cap = r["capability"]
+        print(f"    effort {r['effort']}; streak from {_fmt(r['streak_at'])}; told {_fmt(r['told'])}; capability "
+              f"{cap.get('base', '-')} -> {cap.get('final', '-')} of {cap.get('tasks', '-')}; degenerate at the end "
+              f"{_fmt(r['degenerate_end'])}; the user calls a word or two broken: {r['short_is_broken']}")
     by_persona: dict[str, list[dict[str, Any]]] = {}
     for r in all_rows:
         by_persona.setdefault(r["persona"], []).append(r)
@@ -82,8 +93,18 @@ def main() -> None:
                 sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
                 parts.append(f"{k}: {statistics.mean(vals):.2f} (sd {sd:.2f}, n {len(vals)})")
         found = [r["found_at"] for r in rs]
+        ratios = [r["effort"][-1] / r["effort"][0] for r in rs if r["effort"] and len(r["effort"]) > 1 and r["effort"][0]]
+        streaks = [r["streak_at"] for r in rs]
         print(f"{persona} over {len(rs)} run(s): adoption {'; '.join(parts)}; found by 12 in "
-              f"{sum(f is not None and f <= 12 for f in found)} of {len(rs)}")
+              f"{sum(f is not None and f <= 12 for f in found)} of {len(rs)}; effort last/first "
+              f"{_mean_sd(ratios)}; streak by 24 in {sum(s is not None and s <= 24 for s in streaks)} of {len(rs)}")
+
+
+def _mean_sd(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return f"{statistics.mean(vals):.2f} (sd {sd:.2f}, n {len(vals)})"
 
 
 if __name__ == "__main__":
