@@ -55,7 +55,7 @@ PERSONAS = ("concise", "bullets", "no_filler", "sign_off")  # the shipped person
 @click.option("--llm-persona-model", default="default", show_default=True)
 @click.option("--feedback", "feedback_path", default=None, type=click.Path(dir_okay=False),
               help="Feedback bank (YAML: praise, complaints, broken-answer complaints, transitions per persona). "
-                   "Default: the shipped natural bank, clawproxy/simulate/feedback/default.yaml.")
+                   "Default: each persona file's own words (docs/personas.md).")
 @click.option("--eval-prompts", type=click.Choice(["heldout", "validation"]), default="heldout", show_default=True,
               help="Prompts the curve is measured on: 'validation' while tuning settings, 'heldout' for the reported curve.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
@@ -149,6 +149,7 @@ def simulate(ctx, persona, persona_file, short_answers, no_peers, interactions, 
         llm_persona_url=llm_persona_url, llm_persona_model=llm_persona_model, feedback=feedback_path,
         eval_prompts=eval_prompts, model=cfg.engine.served_name, engine_kind=cfg.engine.kind,
         peers=not no_peers, short_is_broken=short_answers == "broken",
+        engine_id=_engine_id(cfg) if system else "",
     )
     if users is not None:
         _run_users(settings, users, cfg, system, out_dir, data_dir)
@@ -176,6 +177,15 @@ def simulate(ctx, persona, persona_file, short_answers, no_peers, interactions, 
     for line in peer_lines(curve):
         click.echo(line)
     click.echo(f"wall {curve.wall_s:.0f}s; curve: {j}  plot: {p}")
+
+
+def _engine_id(cfg) -> str:
+    """What the base model's greedy answers depend on: engine, model, dtype, quantization and the
+    CPU's bfloat16 (``auto`` resolves by it)."""
+    from clawproxy.config import cpu_has_bf16
+
+    e = cfg.engine
+    return f"{e.kind}:{e.model}:{e.dtype}:{e.quantization}:{e.device}:bf16={cpu_has_bf16()}"
 
 
 def peer_lines(curve) -> list[str]:

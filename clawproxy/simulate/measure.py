@@ -143,7 +143,7 @@ def make_point(interactions: int, graded: list[EvalAnswer], weight_version: int 
     )
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
     try:
@@ -159,7 +159,7 @@ def write_json(path: str | os.PathLike, curves: Sequence[Curve], extra: dict[str
     """Write curves (and anything in ``extra``) as one JSON document, atomically."""
     doc = {"written_at": time.time(), "curves": [c.to_dict() for c in curves], **(extra or {})}
     p = Path(path)
-    _atomic_write(p, json.dumps(doc, indent=1).encode())
+    atomic_write(p, json.dumps(doc, indent=1).encode())
     return p
 
 

@@ -15,6 +15,8 @@ from a perfect reward through the same proxy, store and reload path.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import statistics
 import time
@@ -34,7 +36,7 @@ from clawproxy.simulate.driver import (
     answer_heldout,
     cycle_prompts,
 )
-from clawproxy.simulate.measure import Curve, CurvePoint, make_point, score_answers
+from clawproxy.simulate.measure import Curve, CurvePoint, atomic_write, make_point, score_answers
 from clawproxy.simulate.peers import CAPABILITY_TASKS, capability_right, effort, streak, told_prompt
 from clawproxy.simulate.personas import ScriptedPersona, make_persona
 from clawproxy.simulate.prompts import (
@@ -46,6 +48,8 @@ from clawproxy.simulate.prompts import (
 from clawproxy.simulate.quality import ON_TOPIC_MIN
 
 log = logging.getLogger("clawproxy.simulate")
+
+BASE_ANSWERS = Path.home() / ".cache" / "clawproxy" / "simulate"
 
 
 @dataclass
@@ -77,6 +81,7 @@ class SimSettings:
     eval_prompts: str = "heldout"  # 'validation' while tuning; 'heldout' only for the reported curve
     peers: bool = True  # capability (base and last point) and the told baseline beside adoption
     short_is_broken: bool = True  # the simulated user calls a word or two no answer (False: as before 2026-12)
+    engine_id: str = ""  # the engine's kind, model, dtype and quantization: the base's answers are kept per engine
     method: str = ""  # informational (the trainer's method), recorded in the curve
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -232,6 +237,14 @@ class StoreView:
         return written
 
 
+def base_answers_path(s: SimSettings, prompts: list[str]) -> Path | None:
+    """Where the base model's greedy answers to ``prompts`` are kept for this engine (None: not kept)."""
+    if not s.engine_id:
+        return None
+    key = json.dumps([s.engine_id, s.model, SYSTEM_PROMPT, s.eval_max_tokens, prompts]).encode()
+    return BASE_ANSWERS / f"{hashlib.sha256(key).hexdigest()[:24]}.json"
+
+
 def peer_measures(interactions: list[Interaction]) -> dict[str, Any]:
     """User effort per window and the streak, from the interactions in the order they happened."""
     conversations: dict[str, list[bool]] = {}
@@ -333,16 +346,27 @@ async def simulate(s: SimSettings, on_point: Callable[[CurvePoint], None] | None
             if on_point:
                 on_point(point)
 
+        async def ask_base(prompts: list[str]) -> list[Completion]:
+            """The base model's greedy answers, kept per engine: every seed's would be the same."""
+            path = base_answers_path(s, prompts)
+            if path is not None and path.exists():
+                return [Completion(t, f, 0, 0.0) for t, f in json.loads(path.read_text())]
+            comps = await ask(prompts, s.model)
+            if path is not None:
+                atomic_write(path, json.dumps([[c.text, c.finish_reason] for c in comps]).encode())
+            return comps
+
         async def measure_peers(model: str, held: list[str], base: bool) -> None:
             """Capability on every call (the base's first); the told baseline on the base model alone."""
             tasks = list(CAPABILITY_TASKS)
-            answers = await ask([t.prompt for t in tasks], model)
+            prompts = [t.prompt for t in tasks]
+            answers = await (ask_base(prompts) if base else ask(prompts, model))
             right = await asyncio.to_thread(capability_right, tasks, [c.text for c in answers])
             cap = curve.peers.setdefault("capability", {"tasks": len(tasks)})
             cap["base" if base else "final"] = sum(right)
             cap["base_right" if base else "final_right"] = right
             if base:
-                told = await ask([told_prompt(p, persona.preference.hint) for p in held], s.model)
+                told = await ask_base([told_prompt(p, persona.preference.hint) for p in held])
                 graded = await asyncio.to_thread(score_answers, held, [c.text for c in told], persona.check,
                                                  s.on_topic_min, [c.finish_reason == "length" for c in told])
                 curve.peers["told"] = make_point(0, graded, None, 0.0, s.on_topic_min).adoption

@@ -1,6 +1,6 @@
 """The judge is not written against the simulated user.
 
-The simulator's feedback bank (clawproxy/simulate/feedback/default.yaml) measures the judge; a cue
+The simulated users' words (clawproxy/simulate/persona_files/) measure the judge; a cue
 that exists only to catch the bank's phrases would turn that measurement into an oracle. So: every
 cue pattern that matches a bank phrase must also match a labeled train case (a reason of its own to
 exist), and no labeled case or judge test repeats a bank phrase.

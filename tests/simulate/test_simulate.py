@@ -245,3 +245,13 @@ def test_adoption_curves_read_what_simulate_wrote_per_user(tmp_path):
     write_json(tmp_path / "simulate" / "curve.json", [mine, theirs])
     assert [c["label"] for c in adoption_curves(tmp_path)] == ["alice", "bob"]
     assert adoption_curves(tmp_path, "bob") == [{"label": "bob", "points": [{"x": 0, "y": 0.0}, {"x": 12, "y": 0.0}]}]
+
+
+def test_the_base_models_answers_are_kept_per_engine_and_prompts():
+    from clawproxy.simulate.run import SimSettings, base_answers_path
+
+    a = base_answers_path(SimSettings(engine_id="llamacpp:m:auto:q4_k_m:cpu:bf16=False"), ["q1"])
+    assert a == base_answers_path(SimSettings(engine_id="llamacpp:m:auto:q4_k_m:cpu:bf16=False", seed=7), ["q1"])
+    assert a != base_answers_path(SimSettings(engine_id="llamacpp:m:auto:q4_k_m:cpu:bf16=True"), ["q1"])
+    assert a != base_answers_path(SimSettings(engine_id="llamacpp:m:auto:q4_k_m:cpu:bf16=False"), ["q2"])
+    assert base_answers_path(SimSettings(), ["q1"]) is None  # a system the run did not start: never kept
