@@ -13,6 +13,13 @@ Checks, each reported by name in the gate report (stored with the step and shown
 
 The previous version's canary continuations and their full next-token distributions are computed
 once per version (``canary_reference``) and kept in memory.
+
+The new weights' greedy canary answers are found as speculative decoding finds them, with the
+previous version's answers as the draft (``verify_and_extend``): the one forward pass the divergence
+check makes over each previous answer also gives the new weights' greedy token at every position,
+so the answer is taken as far as the two agree, and only the rest is generated. One step moves the
+model a little: on a CPU, where generating token by token is most of the gate, most of each answer
+is checked in that one pass. The answers are the new weights' own greedy ones either way.
 """
 
 from __future__ import annotations
@@ -81,6 +88,50 @@ def greedy_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, pad_
     return [[int(t) for t in row[width:].tolist()] for row in out]
 
 
+def _until_eos(ids: list[int], eos: Any) -> list[int]:
+    """``ids`` up to and including the first EOS (generate pads after it)."""
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1]
+    return ids
+
+
+@torch.no_grad()
+def verify_and_extend(model: Any, previous: CanaryReference, max_new_tokens: int, pad_id: int | None,
+                      eos: Any, device: Any) -> tuple[list[list[int]], list[torch.Tensor], list[int]]:
+    """The new weights' greedy answers to the canaries, drafted by the previous version's answers.
+
+    Returns the answers, the log-softmax along each *previous* answer under the new weights (what
+    the divergence check needs), and per canary how many draft tokens the new weights agreed with.
+    """
+    outputs, along_previous, agreed = [], [], []
+    todo: list[int] = []
+    for i, (prompt, draft) in enumerate(zip(previous.prompts, previous.outputs, strict=True)):
+        ids = torch.tensor([prompt + draft], device=device)
+        logits = model(input_ids=ids, logits_to_keep=len(draft) + 1).logits[0].float()
+        along_previous.append(torch.log_softmax(logits[:-1], dim=-1).cpu())
+        greedy = logits.argmax(-1).tolist()  # the new weights' token after each prefix of the draft
+        k = next((j for j, t in enumerate(draft) if greedy[j] != t), len(draft))
+        agreed.append(k)
+        out = draft[:k]
+        ended = bool(out) and out[-1] in eos
+        if k < len(draft):
+            out = out + [greedy[k]]  # the first token where they part: the new weights' own
+            ended = greedy[k] in eos
+        elif not ended and len(out) < max_new_tokens:
+            out = out + [greedy[len(draft)]]  # the draft stopped short without an EOS
+            ended = out[-1] in eos
+        outputs.append(out)
+        if not ended and len(out) < max_new_tokens:
+            todo.append(i)
+    if todo:  # generate the rest of the answers that parted from their drafts, in one batch
+        rest = greedy_batch(model, [previous.prompts[i] + outputs[i] for i in todo],
+                            max_new_tokens - min(len(outputs[i]) for i in todo), pad_id, device)
+        for i, more in zip(todo, rest, strict=True):
+            outputs[i] = _until_eos(outputs[i] + more[: max_new_tokens - len(outputs[i])], eos)
+    return outputs, along_previous, agreed
+
+
 @torch.no_grad()
 def canary_reference(
     model: torch.nn.Module, tokenizer: Any, cfg: TrainerConfig, version: int, accelerator: Any
@@ -104,11 +155,7 @@ def canary_reference(
         with unwrap_model_for_generation(model, accelerator) as gen:
             generated = greedy_batch(gen, prompts, cfg.canary_max_tokens, tokenizer.pad_token_id, device)
         for prompt, gen_ids in zip(prompts, generated, strict=True):
-            # generate pads after EOS; keep up to and including the first EOS
-            for i, t in enumerate(gen_ids):
-                if t in eos:
-                    gen_ids = gen_ids[: i + 1]
-                    break
+            gen_ids = _until_eos(gen_ids, eos)
             outputs.append(gen_ids)
             logprobs.append(_continuation_logprobs(model, prompt, gen_ids, device))
             degenerate.append(canary_broken(
@@ -154,25 +201,38 @@ def check(
         fail("weights_finite", f"non-finite values in {bad}")
         return report, None  # generating from NaN weights tells nothing more
 
-    new = canary_reference(model, tokenizer, cfg, previous.version + 1, accelerator)
+    from trl.models.utils import unwrap_model_for_generation
+
+    from clawproxy.engine.model import eos_token_ids
+
     device = accelerator.device
+    eos = eos_token_ids(model, tokenizer)
+    was_training = model.training
+    model.eval()
+    try:
+        with unwrap_model_for_generation(model, accelerator) as gen:
+            outputs, along_previous, agreed = verify_and_extend(
+                gen, previous, cfg.canary_max_tokens, tokenizer.pad_token_id, eos, device)
+        logprobs = [lp if out == draft else _continuation_logprobs(model, prompt, out, device)
+                    for prompt, draft, out, lp in zip(previous.prompts, previous.outputs, outputs, along_previous,
+                                                      strict=True)]
+    finally:
+        model.train(was_training)
+    degenerate = [canary_broken(out, eos, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                  for out in outputs]
+    new = CanaryReference(previous.version + 1, previous.prompts, outputs, logprobs, degenerate)
     newly_bad = [
         cfg.canary_prompts[i]
         for i, (was, now) in enumerate(zip(previous.degenerate, new.degenerate, strict=True))
         if now and not was
     ]
     report.checks["canary_outputs"] = [tokenizer.decode(o, skip_special_tokens=True)[:200] for o in new.outputs]
+    report.checks["canary_tokens_drafted"] = [f"{a}/{len(o)}" for a, o in zip(agreed, outputs, strict=True)]
     if newly_bad:
         fail("canaries", {"degenerate": newly_bad})
 
-    was_training = model.training
-    model.eval()
-    kls = []
-    for prompt, output, prev_lp in zip(previous.prompts, previous.outputs, previous.logprobs, strict=True):
-        new_lp = _continuation_logprobs(model, prompt, output, device)
-        kl = (prev_lp.exp() * (prev_lp - new_lp)).sum(-1).mean()
-        kls.append(float(kl))
-    model.train(was_training)
+    kls = [float((prev_lp.exp() * (prev_lp - new_lp)).sum(-1).mean())
+           for prev_lp, new_lp in zip(previous.logprobs, along_previous, strict=True)]
     kl = sum(kls) / max(len(kls), 1)
     report.checks["divergence_kl"] = kl
     if not math.isfinite(kl) or kl > cfg.gate_max_kl:
