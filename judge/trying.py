@@ -118,6 +118,12 @@ def said_instruction(text: str, max_words: int) -> str | None:
     return " ".join(parts)
 
 
+def asks_for_change(reaction: str, max_words: int = 12) -> bool:
+    """The reply asks the assistant to change something, in a request form ("can you reformat that",
+    "points please"): whatever a voter read in it, it is no praise."""
+    return said_instruction(reaction, max_words) is not None
+
+
 def evidence(row: dict[str, Any], abstain_weight: float) -> tuple[float, float]:
     """(good, bad): the judged replies, and the abstentions at ``abstain_weight`` by their majority."""
     return (int(row["good"]) + abstain_weight * int(row["leaned_good"]),
@@ -173,7 +179,7 @@ class Trier:
     def after_judgment(self, turn: dict[str, Any], score: int, hint: str | None) -> None:
         """Update the turn's user's shortlist (after a complaint), then promote and demote."""
         user = turn.get("user")
-        if score == -1 and self.cfg.enabled:
+        if (score == -1 or self._asked(turn)) and self.cfg.enabled:
             self.shortlist(user)
         self.promote_demote(user)
 
@@ -210,6 +216,11 @@ class Trier:
         fresh = [(x, "said", best) for x in said[:SAID_KEPT]] + [(x, "bank", float(sim)) for sim, x in near]
         items = [(r["text"], r["source"], float(r["prior"])) for r in kept] + fresh[: max(room, 0)]
         self.store.set_shortlist(user, items)
+
+    def _asked(self, turn: dict[str, Any]) -> bool:
+        """The user's memory keeps the turn's reply as a complaint (a request judged 0: ``Worker.write``)."""
+        rows = self.store.reactions_of(turn.get("user"), limit=1, score=-1, before_turn=int(turn["id"]) + 1)
+        return bool(rows) and int(rows[0]["turn_id"]) == int(turn["id"])
 
     def form_flaw(self, row: dict[str, Any], user: str | None) -> str | None:
         """Why a candidate's tried answers cannot make it a preference: 'broken' (most are no real

@@ -29,6 +29,7 @@ from clawproxy.stop import Stoppable
 from clawproxy.store import Store
 from judge.extract import JudgeInput, from_turn
 from judge.hints import corrective_part
+from judge.trying import asks_for_change
 from judge.voters import HintWriter, MemoryHints, Vote, Voter, cast, combine, final_hint
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,17 @@ class Worker:
         """Write the votes, the judgment and the user's reaction (to their memory) atomically;
         None if the turn was judged meanwhile."""
         verdict = combine(votes, self.min_confidence)
-        score = verdict.score
+        score, majority = verdict.score, verdict.majority
+        reaction, remembered = reaction_text(inp), None
+        if score != -1 and reaction and asks_for_change(reaction):
+            # "can you reformat that so I can skim it" is never praise: no sample, but it leans
+            # unhappy and the user's memory keeps it as a complaint (their words for what to change)
+            score, majority, remembered = 0, -1, -1
         hint = (hint if score == -1 else None) or final_hint(votes, score)
         written = self.store.record_judgment(
             turn_id, score=score, hint=hint, voter=self.voter.name,
             votes=[{k: v for k, v in asdict(vote).items() if k != "probs"} for vote in votes],
-            majority=verdict.majority, confidence=verdict.confidence, reaction=reaction_text(inp))
+            majority=majority, confidence=verdict.confidence, reaction=reaction, reaction_score=remembered)
         return score if written else None
 
     def judge_turn(self, turn: dict[str, Any]) -> int | None:

@@ -38,9 +38,11 @@ class Judging(Core):
 
     def record_judgment(self, turn_id: int, *, score: int, hint: str | None, voter: str,
                         votes: list[dict[str, Any]], majority: int | None = None,
-                        confidence: float | None = None, reaction: str | None = None) -> bool:
+                        confidence: float | None = None, reaction: str | None = None,
+                        reaction_score: int | None = None) -> bool:
         """One transaction: the votes (raw, score, hint, error), the judgment and, for a scored turn
-        the user reacted to, the reaction in the user's memory; unless already judged (False)."""
+        the user reacted to, the reaction in the user's memory (with ``reaction_score``, that sign
+        even for a turn scored 0); unless already judged (False)."""
         now = time.time()
         with self.transaction() as conn:
             if conn.execute("SELECT 1 FROM judgments WHERE turn_id=?", (turn_id,)).fetchone():
@@ -58,10 +60,11 @@ class Judging(Core):
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, score, hint, voter, now, score if majority is None else majority, confidence),
             )
-            if reaction and score != 0:
+            remembered = score if reaction_score is None else reaction_score
+            if reaction and remembered != 0:
                 conn.execute(
                     "INSERT INTO reactions (turn_id, user, score, text, created_at) "
-                    "SELECT id, user, ?, ?, ? FROM turns WHERE id=?", (score, reaction, now, turn_id))
+                    "SELECT id, user, ?, ?, ? FROM turns WHERE id=?", (remembered, reaction, now, turn_id))
             count_evidence(conn, turn_id, score, score if majority is None else majority)
         return True
 

@@ -238,3 +238,24 @@ def test_an_active_preference_whose_answers_are_broken_is_demoted(store):
                 applied=[pid])
     _judge(store, Trier(store, TryingConfig()))
     assert store.preference(pid)["status"] == "demoted"
+
+
+def test_a_request_for_a_change_is_never_praise_and_shortlists_the_users_words(store):
+    """A voter may read "can you reformat that so I can skim it" as happy; it asks for a change, so
+    it is no sample, leans unhappy, and the user's request becomes a candidate in their words."""
+    from judge.voters import Vote
+
+    class Pleased(LexicalVoter):
+        def vote(self, inp, idx):
+            return Vote(1)
+
+    tid = add_turn(store, "s", request="explain tides", response=ESSAY, next_user="can you reformat that so I can skim it")
+    trier = Trier(store, TryingConfig(shortlist=3))
+    Worker(store, Pleased(), votes=3, trier=trier).run(False, 0.01, threading.Event())
+    row = store.query_one("SELECT score, majority FROM judgments WHERE turn_id=?", (tid,))
+    assert (row["score"], row["majority"]) == (0, -1)
+    said = [r["text"] for r in store.preferences_of(None) if r["source"] == "said"]
+    assert said == ["Reformat the answer so I can skim it."]
+    thanks = add_turn(store, "s2", request="q", response=SHORT, next_user="great, thanks a lot")
+    Worker(store, Pleased(), votes=3, trier=trier).run(False, 0.01, threading.Event())
+    assert store.query_one("SELECT score FROM judgments WHERE turn_id=?", (thanks,))["score"] == 1
