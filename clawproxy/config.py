@@ -213,6 +213,14 @@ class EngineConfig:
         "engine server, built from a pinned source on the first start) or 'embedded' (the built-in "
         "transformers engine) force one.",
     )
+    warm_prefix: bool = setting(
+        True,
+        "At start, after the engine restarts and after a publish, prefill the stable part of the "
+        "system prompt each adapter's users were last served (OpenClaw's openclaw:attempt:STABLE "
+        "part; max_tokens 1, through the engine's own API), only while no request is in flight: "
+        "a session's first turn then starts from a cached prefix (clawproxy/proxy/warmup.py). Only "
+        "for the engine clawproxy starts.",
+    )
     kv_cache_gb: int = setting(
         4, "vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE).", ge=1
     )
