@@ -6,7 +6,8 @@ two machines (the table and its figures: docs/architecture.md, "Which engine ser
 - a GPU: vLLM (CUDA). Without a vLLM build, the embedded engine (llama.cpp is built for the CPU).
 - a CPU with native bfloat16 (``amx_bf16`` or ``avx512_bf16`` in /proc/cpuinfo): vLLM's CPU build.
   It prefills with oneDNN's bfloat16 kernels and answered a 4.3k-token prompt 4.7-6.7x sooner
-  than llama.cpp (bench/results/i51).
+  than llama.cpp (bench/results/i51, a CPU with both flags; one with AVX-512 BF16 and no AMX is
+  not measured yet).
 - a CPU without it (AVX2 only: most laptops): llama.cpp serving the catalog's Q4_K_M file. There
   vLLM's bfloat16 is emulated, and llama.cpp decoded 3.0x faster, answered a 1.8k-token prompt 2x
   sooner, started 4x sooner and served log-probs 11x closer to the trainer's (issue 61).
@@ -64,7 +65,8 @@ def choose(m: Machine) -> Choice:
     if has:
         native = f"this CPU multiplies bfloat16 natively ({has})"
         if m.vllm:
-            return Choice("vllm", f"{native}, where vLLM answers long prompts 4.7-6.7x sooner than llama.cpp")
+            return Choice("vllm", f"{native}, where vLLM answered a long prompt 4.7x sooner than llama.cpp's "
+                                  "4-bit file (measured with AMX)")
         if m.llamacpp:
             return Choice("llamacpp", f"{native}, but no vLLM build is installed")
         return Choice("embedded", f"{native}, but neither a vLLM build nor llama.cpp's build tools "
