@@ -391,14 +391,14 @@ async def _events(queue: asyncio.Queue[StepEvent], request: web.Request) -> Asyn
     getter: asyncio.Task[StepEvent] | None = None
     try:
         while True:
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("the client went away")
             if getter is None and not queue.empty():
                 ev = queue.get_nowait()
             else:
                 getter = getter or asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({getter}, timeout=GONE_POLL_S)
                 if not done:
-                    if request.transport is None or request.transport.is_closing():
-                        raise ConnectionResetError("the client went away")
                     continue
                 ev, getter = getter.result(), None
             yield ev
