@@ -16,7 +16,9 @@ client (a streamed chat request through clawproxy's own stream reader):
   and failed requests; beside it, llama.cpp's ``convert_lora_to_gguf.py`` on the same adapter (the
   conversion a publish ran before).
 
-    .venv/bin/python bench/engines_cpu.py [--engines vllm,llamacpp-bf16,llamacpp-q4km] --out bench/results/i51/engines-cpu.json
+    .venv/bin/python bench/engines_cpu.py [--engines vllm,vllm-w4a16,llamacpp-bf16,llamacpp-q4km] --out engines.json
+
+The output names the CPU flags the choice of ``engine.kind: auto`` rests on and what it chooses here.
     .venv/bin/python bench/engines_cpu.py --engines llamacpp-bf16 --model default --tokens 8 --prompt-tokens 300  # tiny
 """
 
@@ -42,8 +44,12 @@ from quant_serving import prompt_of, serving_bytes
 from clawproxy.errors import ClawproxyError
 from clawproxy.httpjson import open_url
 
+# the flags the engine choice and the kernels depend on, written beside every figure
+FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 ENGINES = {  # name -> engine settings
     "vllm": {"kind": "vllm", "dtype": "bfloat16", "quantization": "none", "kv_cache_gb": 2},
+    # what engine.kind: vllm serves on a CPU without native bfloat16 (quantization auto)
+    "vllm-w4a16": {"kind": "vllm", "dtype": "bfloat16", "quantization": "w4a16", "kv_cache_gb": 2},
     "llamacpp-bf16": {"kind": "llamacpp", "dtype": "bfloat16", "quantization": "none"},
     "llamacpp-q4km": {"kind": "llamacpp", "dtype": "bfloat16", "quantization": "q4_k_m"},
 }
@@ -177,7 +183,8 @@ def script_convert_s(adapter: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--engines", default="vllm,llamacpp-bf16,llamacpp-q4km",
+                    help=f"any of {', '.join(ENGINES)} (vllm-w4a16: what vLLM serves on a CPU without native bfloat16)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=4300)
     ap.add_argument("--threads", type=int, default=2)
@@ -196,8 +203,13 @@ def main() -> None:
     long_prompt = prompt_of(tokenizer, args.prompt_tokens, "log")
     bw = memory_bandwidth(args.threads, gib=args.memory_gib)
     read_gb_s = bw["read_gb_s"]["best"]
+    from clawproxy.engine.auto import choose, cpu_flags, this_machine
+
+    flags = cpu_flags()
     results: dict[str, Any] = {"machine": {"cpus": len(os.sched_getaffinity(0)), "threads": args.threads,
-                                           "read_gb_s": read_gb_s}, "engines": {}}
+                                           "read_gb_s": read_gb_s, "cpu_flags": [f for f in FLAGS if f in flags],
+                                           "engine_auto": choose(this_machine("cpu")).kind}, "engines": {}}
+    print("machine", json.dumps(results["machine"]), flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-engines-"))
     adapter = make_adapter(model_dir, work / "adapter")
     for name in args.engines.split(","):
@@ -219,7 +231,10 @@ def main() -> None:
                 nbytes = served_bytes(fetch_gguf(get(args.model)) if quant else (
                     work / "data" / "llamacpp" / "models" / f"{model_dir.name}-bf16.gguf"))
             else:
-                nbytes = serving_bytes(model_dir, 2)[0]
+                from clawproxy.engine.quantize import quantized_model
+
+                served = quantized_model(model_dir, None, ENGINES[name]["quantization"])
+                nbytes = serving_bytes(served, 2)[0]
             row["bytes_per_token"] = nbytes
             row["bound_tok_s"] = round(read_gb_s * 1e9 / nbytes, 1)
             row["of_bound"] = round(row["decode_tok_s"] / row["bound_tok_s"], 2)

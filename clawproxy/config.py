@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
+from clawproxy.engine.auto import Choice, cpu_flags, native_bf16, this_machine
+from clawproxy.engine.auto import choose as choose_engine
 from clawproxy.engine.spec import EngineSpec, engine_spec
 from clawproxy.errors import ConfigError
 from clawproxy.fields import STRICT, setting
@@ -171,15 +173,16 @@ class EngineConfig:
     )
     quantization: Literal["auto", "none", "w4a16", "q4_k_m"] = setting(
         "auto",
-        "vLLM: serve the weights in 4 bits, for fewer bytes read per decoded token. 'w4a16': int4 "
-        "linear layers (round-to-nearest, symmetric, a scale per 128 inputs; the embedding and "
-        "output head stay bfloat16) with bfloat16 activations, made once from engine.model and "
-        "cached beside it (clawproxy/engine/quantize.py). The trainer trains the unquantized "
-        "weights and publishes LoRA adapters. 'none': serve the weights as they are. 'auto': "
-        "w4a16 for a named model served in bfloat16 with a LoRA trainer on a CPU without native "
-        "bfloat16 (AVX2 only: there it answers sooner, decodes faster and takes less memory), "
-        "else none. 'q4_k_m' (engine.kind: llamacpp): serve a catalog model's own Q4_K_M GGUF as "
-        "it was published; the trainer trains the same weights, dequantized.",
+        "Serve the weights in 4 bits, for fewer bytes read per decoded token; the trainer trains "
+        "the unquantized weights and publishes LoRA adapters. 'q4_k_m' (llamacpp): a catalog "
+        "model's own Q4_K_M GGUF as it was published; the trainer trains the same weights, "
+        "dequantized. 'w4a16' (vLLM): int4 linear layers (round-to-nearest, symmetric, a scale per "
+        "128 inputs; the embedding and output head stay bfloat16) with bfloat16 activations, made "
+        "once from engine.model and cached beside it (clawproxy/engine/quantize.py). 'none': the "
+        "weights as they are. 'auto', for a named model with a LoRA trainer: q4_k_m on llama.cpp "
+        "where the model has that file; on vLLM w4a16 for a model served in bfloat16 on a CPU "
+        "without native bfloat16 (AVX2 only: there it answers sooner, decodes faster and takes less "
+        "memory); else none.",
     )
     device: str = setting("cpu", "Where the engine runs: cpu, cuda, cuda:0 ...", pattern=r"^(cpu|cuda(:\d+)?)$")
     max_batch_size: int = setting(8, "Concurrent requests decoded together.", ge=1)
@@ -200,12 +203,23 @@ class EngineConfig:
     max_cpu_loras: int = setting(
         16, "vLLM: LoRA adapters kept in CPU memory (--max-cpu-loras); one evicted beyond it is read "
         "from disk again when next used.", ge=1)
-    kind: Literal["vllm", "embedded", "llamacpp"] = setting(
-        "vllm",
-        "The engine: 'vllm' (the real vLLM; `clawproxy start` runs it, or attach one with "
-        "proxy.upstream), 'llamacpp' (llama.cpp's llama-server behind clawproxy's engine server; "
-        "`make llamacpp` builds it) or 'embedded' (the built-in transformers engine, for platforms "
-        "with no vLLM build: macOS, Windows).",
+    kind: Literal["auto", "vllm", "embedded", "llamacpp"] = setting(
+        "auto",
+        "The engine: 'auto' chooses by what this machine can do and says why at start: vLLM on a GPU "
+        "and on a CPU with native bfloat16 (amx_bf16 or avx512_bf16 in /proc/cpuinfo), llama.cpp "
+        "with the model's 4-bit file on a CPU without it, the embedded engine where neither installs "
+        "(clawproxy/engine/auto.py; the figures: docs/architecture.md). 'vllm' (the real vLLM; or "
+        "attach one with proxy.upstream), 'llamacpp' (llama.cpp's llama-server behind clawproxy's "
+        "engine server, built from a pinned source on the first start) or 'embedded' (the built-in "
+        "transformers engine) force one.",
+    )
+    warm_prefix: bool = setting(
+        True,
+        "At start, after the engine restarts and after a publish, prefill the stable part of the "
+        "system prompt each adapter's users were last served (OpenClaw's openclaw:attempt:STABLE "
+        "part; max_tokens 1, through the engine's own API), only while no request is in flight: "
+        "a session's first turn then starts from a cached prefix (clawproxy/proxy/warmup.py). Only "
+        "for the engine clawproxy starts.",
     )
     kv_cache_gb: int = setting(
         4, "vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE).", ge=1
@@ -263,10 +277,20 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        if self.kind == "auto":
+            choice = choose_engine(this_machine(self.device))
+            self.kind = choice.kind
+            # not a field: the run-config the children start from names the chosen engine
+            self.__dict__["_auto_choice"] = choice
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if self.device == "cpu" and self.threads is not None and self.threads > usable:
             raise ConfigError(f"engine.threads={self.threads}, but this machine lets clawproxy use {usable} "
                               f"CPUs; set engine.threads to at most {usable} (or leave it unset).")
+
+    @property
+    def auto_choice(self) -> Choice | None:
+        """Why ``kind: auto`` chose this engine (None: the config or a flag named it)."""
+        return self.__dict__.get("_auto_choice")
 
     @property
     def spec(self) -> EngineSpec:
@@ -318,11 +342,7 @@ def parse_rope_scaling(value: Any) -> dict[str, Any] | None:
 
 def cpu_has_bf16() -> bool:
     """The CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo (no torch here)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return native_bf16(cpu_flags())
 
 
 @dataclass
@@ -396,11 +416,17 @@ class Config:
         if self.trainer.finetune == "auto":
             self.trainer.finetune = named.finetune if named else "full"
         if self.engine.quantization == "auto":
-            # emulated bfloat16 (no AVX512-BF16/AMX) is 3x slower to answer (bench/results/issue37-serving.md)
-            emulated_bf16 = self.engine.device == "cpu" and self.engine.dtype == "bfloat16" and not cpu_has_bf16()
-            self.engine.quantization = "w4a16" if (
-                named is not None and emulated_bf16 and "w4a16" in self.engine.spec.quantizations
-                and self.trainer.finetune == "lora") else "none"
+            self.engine.quantization = "none"
+            served = self.engine.spec.quantizations
+            if named is not None and self.trainer.finetune == "lora":
+                if "q4_k_m" in served and named.gguf_file.lower().endswith("q4_k_m.gguf"):
+                    # the model's own 4-bit file: decodes 2x faster than bf16 on llama.cpp, its
+                    # log-probs within 0.006 of the trainer's, who trains it dequantized (bench/results/i51)
+                    self.engine.quantization = "q4_k_m"
+                elif "w4a16" in served and self.engine.device == "cpu" and self.engine.dtype == "bfloat16" \
+                        and not cpu_has_bf16():
+                    # emulated bfloat16 (no AVX512-BF16/AMX) is 3x slower to answer (bench/results/issue37-serving.md)
+                    self.engine.quantization = "w4a16"
         if self.engine.quantization != "none":
             if self.engine.quantization not in self.engine.spec.quantizations:
                 serves = ", ".join(self.engine.spec.quantizations) or "unquantized weights only"

@@ -13,7 +13,7 @@ from click_default_group import DefaultGroup
 
 from clawproxy import catalog
 from clawproxy.cli_options import CONTEXT_SETTINGS as CTX
-from clawproxy.cli_options import progress
+from clawproxy.cli_options import make_console, progress
 
 
 @click.group(cls=DefaultGroup, default="list", default_if_no_args=True, context_settings=CTX)
@@ -29,7 +29,6 @@ def list_models(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"cache": str(catalog.model_cache_dir()), "models": rows}, indent=1))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"cache: {catalog.model_cache_dir()}", title_justify="left")
@@ -40,7 +39,7 @@ def list_models(as_json: bool) -> None:
         table.add_row(str(r["name"]), f"{int(r['size']) / 1e6:,.0f} MB", cached,
                       f"{r['serve_dtype']} / {r['finetune']}", str(r["openclaw_profile"] or "by context"),
                       str(r["description"]))
-    Console().print(table)
+    make_console().print(table)
 
 
 @models.command(context_settings=CTX)

@@ -22,7 +22,7 @@ import click
 from click_default_group import DefaultGroup
 
 from clawproxy.cli_options import CONTEXT_SETTINGS as CTX
-from clawproxy.cli_options import build_config, config_options
+from clawproxy.cli_options import build_config, config_options, make_console
 from clawproxy.errors import StoreError
 from clawproxy.store import Store
 from clawproxy.turn_view import message_text, printable, turn_view
@@ -99,7 +99,6 @@ def list_sessions(limit: int, as_json: bool, user: str | None, config_path: str 
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} session(s)", title_justify="left")
@@ -115,7 +114,7 @@ def list_sessions(limit: int, as_json: bool, user: str | None, config_path: str 
         table.add_row(_text(sid), _ts_short(r["first_seen"]), _ts_short(r["last_seen"]),
                       str(r["main_turns"] or 0), str(r["side_turns"] or 0),
                       str(r["trainable_turns"] or 0), score)
-    Console().print(table)
+    make_console().print(table)
 
 
 @sessions.command("show", context_settings=CTX)
@@ -133,7 +132,6 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
     if as_json:
         click.echo(json.dumps({"session": sess, "turns": turns}, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     title = (f"session {sid}  ({sess['source']}, {sess.get('session_key') or 'no key'}, "
@@ -150,7 +148,7 @@ def show(session_id: str, as_json: bool, config_path: str | None, data_dir: str 
                                            "yes" if v["trainable"] else f"no: {v['reason']}",
                                            _short(v["request"], 60), _short(resp, 80), ns_txt)),
                       str(v["score"]) if v["score"] is not None else "-")
-    Console().print(table)
+    make_console().print(table)
 
 
 def prompt_text(messages: list[Any] | None) -> str:

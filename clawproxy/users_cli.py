@@ -13,7 +13,7 @@ import click
 from click_default_group import DefaultGroup
 
 from clawproxy.cli_options import CONTEXT_SETTINGS as CTX
-from clawproxy.cli_options import build_config, config_options
+from clawproxy.cli_options import build_config, config_options, make_console
 from clawproxy.config import Config
 from clawproxy.errors import ClawproxyError
 from clawproxy.store import Store
@@ -81,7 +81,6 @@ def list_users(as_json: bool, config_path: str | None, data_dir: str | None) -> 
     if not rows:
         click.echo("no users: one person, no key needed. `clawproxy users add NAME` adds one.")
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} user(s)", title_justify="left")
@@ -90,7 +89,7 @@ def list_users(as_json: bool, config_path: str | None, data_dir: str | None) -> 
     for r in rows:
         table.add_row(r["name"], "yes" if r["shared"] else "no", str(r["turns"]),
                       f"v{r['version']}" if r["version"] else "none yet")
-    Console().print(table)
+    make_console().print(table)
 
 
 @users.command(context_settings=CTX)
@@ -127,12 +126,11 @@ def show(name: str | None, limit: int, as_json: bool, config_path: str | None, d
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     who = name or "the one user (no users added)"
-    console = Console()
+    console = make_console()
     console.print(f"{escape(who)}: {judged['judged']} turn(s) judged, {judged['scored']} scored, "
                   f"{judged['abstained']} abstained (too unsure), {judged['neutral']} neutral")
     console.print(f"trying {'on' if trying['on'] else 'off'}: {trying['tried']} of {trying['turns']} answer(s) "

@@ -10,7 +10,13 @@ import logging
 
 import click
 
-from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options, progress
+from clawproxy.cli_options import (
+    CONTEXT_SETTINGS,
+    build_config,
+    config_options,
+    make_console,
+    progress,
+)
 from judge.config import VOTERS
 
 
@@ -78,7 +84,6 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
              stride, show_errors, as_json, tradeoff) -> None:
     """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases."""
     import orjson
-    from rich.console import Console
 
     from judge.eval.dataset import load_cases
     from judge.eval.evaluate import TRADEOFF_GRID, evaluate, render, render_tradeoff
@@ -93,7 +98,7 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
     cases = load_cases(split)[::stride]
     if limit:
         cases = cases[:limit]
-    console = Console()
+    console = make_console()
     reports = []
     for name in voters:
         if name == "llm" and local_model:

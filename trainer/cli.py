@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from clawproxy.cli_options import CONTEXT_SETTINGS as CONTEXT
-from clawproxy.cli_options import build_config, config_options
+from clawproxy.cli_options import build_config, config_options, make_console
 
 
 def _engine(cfg: Any, engine_url: str | None, store: Any = None):
@@ -73,7 +73,6 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
     Each step waits for trainer.batch_size useful samples, takes one optimizer step, gates the
     result and publishes it as checkpoints/v<N>. Runs beside the engine, which keeps serving.
     """
-    from rich.console import Console
 
     from clawproxy.errors import ClawproxyError
     from clawproxy.store import Store
@@ -82,7 +81,7 @@ def train(config_path, data_dir, engine_url, follow, steps, method, finetune, ba
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = build_config(config_path, data_dir, **{"trainer.method": method, "trainer.finetune": finetune,
                                             "trainer.batch_size": batch_size, "trainer.threads": threads})
-    console = Console(highlight=False)
+    console = make_console(highlight=False)
     store = Store(cfg.db_path)
     last_wait = [-1]
 
@@ -247,7 +246,6 @@ def plot_stats(data: dict[str, Any], path: str) -> None:
               help="Only this user's turns, adapter and versions (`clawproxy users` lists them).")
 def stats(config_path, data_dir, as_json, plot_path, user) -> None:
     """Learning progress per weight version: samples trained, judge scores, gate results, rollbacks."""
-    from rich.console import Console
     from rich.table import Table
 
     from clawproxy.simulate.measure import adoption_curves
@@ -279,7 +277,7 @@ def stats(config_path, data_dir, as_json, plot_path, user) -> None:
         table.add_row(str(v["version"]), v["source"], v["status"], str(v["samples_trained"]),
                       str(v.get("served_turns", 0)), str(v.get("judged_turns", 0)), score,
                       f"{v['steps_published']}/{v['steps_gate_failed']}")
-    console = Console()
+    console = make_console()
     console.print(table)
     j = data["judge"]
     console.print(f"judge: {j['judged']} turn(s) judged, {j['scored']} scored, {j['abstained']} abstained "

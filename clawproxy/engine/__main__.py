@@ -1,6 +1,6 @@
 """``python -m clawproxy.engine``: run the engine that ``clawproxy start`` spawns.
 
-With ``engine.kind: vllm`` (the default) this resolves the model and becomes vLLM's OpenAI server
+With ``engine.kind: vllm`` this resolves the model and becomes vLLM's OpenAI server
 (``clawproxy/engine/vllm.py``); with ``embedded`` it serves the built-in transformers engine, and
 with ``llamacpp`` the same server over llama.cpp's llama-server (``clawproxy/engine/llamacpp.py``).
 

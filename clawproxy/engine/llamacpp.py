@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 READY_TIMEOUT_S = 300.0
+PREFILL_BATCH = 512  # llama-server's -b: its default ubatch (-ub 512), so each step computes the same
 
 
 def _die_with_parent() -> None:
@@ -236,7 +237,11 @@ class LlamaCppEngine:
     def argv(self, adapters: tuple[Adapter, ...] = ()) -> list[str]:
         argv = [str(self.llama.server), "-m", str(self.model_gguf), "--host", "127.0.0.1", "--port", "0",
                 "-c", str(self.max_model_len), "-np", str(self.max_batch_size), "--kv-unified",
-                "-t", str(self.threads), "-tb", str(self.threads), "--no-webui"]
+                "-t", str(self.threads), "-tb", str(self.threads), "--no-webui",
+                # a prompt is computed PREFILL_BATCH tokens per server step (its default 2048 made a
+                # 1.8k prompt one step): a cancelled request (the proxy's warm-up giving way) ends, and
+                # a decoding request gets a token, within one ubatch's time; the ubatch is 512 either way
+                "-b", str(PREFILL_BATCH)]
         if not adapters:
             return argv
         # --cache-ram 0: the RAM prompt cache keys prompts by their tokens alone, and would hand a

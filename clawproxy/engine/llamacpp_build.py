@@ -19,16 +19,20 @@ The build is native (``GGML_NATIVE``): a cache belongs to the machine that built
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from clawproxy.errors import ConfigError
 
@@ -87,8 +91,8 @@ def require(cache: Path | None = None) -> LlamaCpp:
     """The built llama.cpp, or a ConfigError that says how to build it."""
     found = find(cache)
     if found is None:
-        raise ConfigError("engine.kind is llamacpp but llama-server is not built; run `make llamacpp` "
-                          "(or `python -m clawproxy.engine.llamacpp_build`), about 5 minutes on 2 cores.")
+        raise ConfigError("engine.kind is llamacpp but llama-server is not built; `clawproxy start` builds it "
+                          "(or `make llamacpp`, `python -m clawproxy.engine.llamacpp_build`), 5-12 minutes on 2 cores.")
     return found
 
 
@@ -150,18 +154,27 @@ def patch(src: Path) -> None:
         path.write_text(text.replace(old, new))
 
 
-def build(cache: Path | None = None, jobs: int | None = None, echo: bool = True) -> LlamaCpp:
-    """Download, check, extract and build llama-server once (later calls find it built)."""
+NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
+NEEDS = "cmake, ninja and a C++17 compiler (Debian/Ubuntu: apt-get install cmake ninja-build g++; macOS: " \
+        "xcode-select --install && brew install cmake ninja)"
+
+
+def build(cache: Path | None = None, jobs: int | None = None, echo: bool = True,
+          progress: Callable[[int, int], None] | None = None, log_path: Path | None = None) -> LlamaCpp:
+    """Download, check, extract and build llama-server once (later calls find it built).
+
+    ``progress(done, total)`` gets ninja's ``[N/M]`` steps; ``log_path`` gets the build's output
+    (with ``echo`` it also goes to stdout). A failed step raises a ConfigError with the output's
+    last lines and what to install."""
     base = (cache or cache_dir()) / VERSION
     base.mkdir(parents=True, exist_ok=True)
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (found := find(cache)) is not None:
             return found
-        for tool in ("cmake", "ninja", "c++"):
-            if shutil.which(tool) is None:
-                raise ConfigError(f"building llama-server needs {tool} on PATH "
-                                  "(Debian: apt-get install cmake ninja-build g++)")
+        missing = [tool for tool in ("cmake", "ninja", "c++") if shutil.which(tool) is None]
+        if missing:
+            raise ConfigError(f"building llama-server needs {', '.join(missing)} on PATH; install {NEEDS}")
         src = base / "src"
         if not (src / "CMakeLists.txt").exists():
             with tempfile.TemporaryDirectory(dir=base) as tmp:
@@ -170,15 +183,38 @@ def build(cache: Path | None = None, jobs: int | None = None, echo: bool = True)
                 shutil.rmtree(src, ignore_errors=True)
                 _extract(sdist, src)
         patch(src)
-        out = None if echo else subprocess.DEVNULL
         steps = [["cmake", "-S", str(src), "-B", str(src / "build"), *CMAKE_FLAGS],
                  ["cmake", "--build", str(src / "build"), "--target", "llama-server",
                   "-j", str(jobs or os.cpu_count() or 2)]]
-        for step in steps:
-            if subprocess.run(step, stdout=out, stderr=subprocess.STDOUT if out else None).returncode != 0:
-                raise ConfigError(f"building llama-server failed at `{' '.join(step)}`; its output is above")
+        log = open(log_path, "a") if log_path is not None else None  # noqa: SIM115 (closed below)
+        try:
+            for step in steps:
+                _run_step(step, echo, progress, log, log_path)
+        finally:
+            if log is not None:
+                log.close()
         (base / "built").write_text(STAMP)
         return LlamaCpp(src)
+
+
+def _run_step(step: list[str], echo: bool, progress: Callable[[int, int], None] | None, log: TextIO | None,
+              log_path: Path | None) -> None:
+    proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    assert proc.stdout is not None
+    tail: collections.deque[str] = collections.deque(maxlen=12)
+    for line in proc.stdout:
+        tail.append(line.rstrip())
+        if echo:
+            print(line, end="", flush=True)
+        if log is not None:
+            log.write(line)
+        if progress is not None and (m := NINJA_STEP.match(line)):
+            progress(int(m.group(1)), int(m.group(2)))
+    if proc.wait() != 0:
+        where = f"; the whole output: {log_path}" if log_path is not None else ""
+        lines = "\n".join(tail)
+        raise ConfigError(f"building llama-server failed at `{' '.join(step[:2])}`:\n{lines}\nIt needs {NEEDS}{where}. "
+                          "Or serve with another engine: --engine vllm or --engine embedded.")
 
 
 def main() -> int:

@@ -204,7 +204,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         if job.stream:
             return await _stream(request, engine, job, queue, meta)
-        return await _complete(engine, job, queue, meta)
+        return await _complete(request, engine, job, queue, meta)
     finally:
         if not req.finished:
             engine.cancel(req)
@@ -378,13 +378,35 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _events(queue: asyncio.Queue[StepEvent]) -> AsyncIterator[StepEvent]:
-    """The request's step events, up to and including the one that finishes or fails it."""
-    while True:
-        ev = await queue.get()
-        yield ev
-        if ev.error or ev.finish_reason is not None:
-            return
+GONE_POLL_S = 0.5
+
+
+async def _events(queue: asyncio.Queue[StepEvent], request: web.Request) -> AsyncIterator[StepEvent]:
+    """The request's step events, up to and including the one that finishes or fails it.
+
+    ConnectionResetError once the client has gone: aiohttp does not cancel a handler whose client
+    left, and a long prompt's prefill (a minute on llama.cpp on a laptop CPU) writes nothing that
+    would fail, so the connection is looked at between events; the caller's ``finally`` cancels
+    the request, which frees the engine (the proxy's warm-up relies on it: proxy/warmup.py)."""
+    getter: asyncio.Task[StepEvent] | None = None
+    try:
+        while True:
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("the client went away")
+            if getter is None and not queue.empty():
+                ev = queue.get_nowait()
+            else:
+                getter = getter or asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter}, timeout=GONE_POLL_S)
+                if not done:
+                    continue
+                ev, getter = getter.result(), None
+            yield ev
+            if ev.error or ev.finish_reason is not None:
+                return
+    finally:
+        if getter is not None:
+            getter.cancel()
 
 
 def _finish_reason(reason: str | None, parser: ToolCallStreamParser) -> str | None:
@@ -428,7 +450,7 @@ async def _stream(
         version = _serving_version(engine, job.adapter)
         await resp.write(chunk({"role": "assistant", "content": ""}, version, **first_extra))
         n_completion, cached = 0, 0
-        async for ev in _events(queue):
+        async for ev in _events(queue, request):
             version, cached = ev.weight_version, ev.cached_tokens or cached
             n_completion += len(ev.token_ids)
             if ev.error:
@@ -469,9 +491,13 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 
 async def _complete(
-    engine: Serving, job: ChatJob, queue: asyncio.Queue[StepEvent], meta: dict[str, Any]
+    request: web.Request, engine: Serving, job: ChatJob, queue: asyncio.Queue[StepEvent], meta: dict[str, Any]
 ) -> web.Response:
-    events = [ev async for ev in _events(queue)]
+    try:
+        events = [ev async for ev in _events(queue, request)]
+    except ConnectionResetError:  # nobody to answer; the caller cancels the request
+        log.info("client disconnected from %s", meta["id"])
+        return web.Response(status=499)
     if events[-1].error:
         return _error(ClawproxyError(events[-1].error))
     token_ids = [t for ev in events for t in ev.token_ids]

@@ -35,6 +35,8 @@ class EngineSpec:
     tools_as_text: bool
     # its control routes are vLLM's (dev mode); False: clawproxy's engine server's (engine/server.py)
     vllm_routes: bool
+    # built from source on the first `clawproxy start` (llama-server), with its progress in the terminal
+    built_on_first_start: bool = False
 
 
 SPECS: dict[str, EngineSpec] = {
@@ -45,7 +47,7 @@ SPECS: dict[str, EngineSpec] = {
     # clawproxy's engine server over llama.cpp's llama-server (clawproxy/engine/llamacpp.py)
     "llamacpp": EngineSpec("llamacpp", adapters_by_name=True, reports_weight_version=True,
                            quantizations=("q4_k_m",), checks_control_plane=False, tools_as_text=True,
-                           vllm_routes=False),
+                           vllm_routes=False, built_on_first_start=True),
 }
 KINDS: tuple[str, ...] = tuple(SPECS)
 

@@ -1,7 +1,7 @@
 """The real vLLM as clawproxy's engine child: resolve the model, then exec vLLM's OpenAI server.
 
 ``clawproxy start`` spawns ``python -m clawproxy.engine --config run-config.yaml``; with
-``engine.kind: vllm`` (the default) that process resolves the model (a catalog name is fetched,
+``engine.kind: vllm`` (what ``auto`` chooses on GPUs and on CPUs with native bfloat16) that process resolves the model (a catalog name is fetched,
 verified and converted once; see ``clawproxy/catalog.py``), then replaces itself with
 ``python -m vllm.entrypoints.openai.api_server`` by ``execve``. Replacing, not wrapping, keeps one
 process for the supervisor to watch, signal and restart, and keeps ``PR_SET_PDEATHSIG``.

@@ -91,6 +91,8 @@ class Metrics:
         self.metrics.observe(flow.route or NOT_FORWARDED, status, flow.start, flow.upstream_s)
 
 
-def default_addons(stats: ProxyStats, recording: Recording, metrics: ProxyMetrics) -> list[object]:
-    """Every addon, in the order its hooks run: the turn is journaled before anything else."""
-    return [recording, Stats(stats), Metrics(metrics)]
+def default_addons(stats: ProxyStats, recording: Recording, metrics: ProxyMetrics,
+                   warmup: object | None = None) -> list[object]:
+    """Every addon, in the order its hooks run: the turn is journaled before anything else; a
+    request counted in flight, then the engine's warm-up gives way to it (``warmup.py``)."""
+    return [recording, Stats(stats), Metrics(metrics), *([warmup] if warmup is not None else [])]

@@ -55,6 +55,7 @@ from clawproxy.proxy.routing import ModelRouter, router_for
 from clawproxy.proxy.sse import Added
 from clawproxy.proxy.tap import Addons, Flow, Outcome, Tap
 from clawproxy.proxy.trying import Trying
+from clawproxy.proxy.warmup import Warmup
 from clawproxy.store.lifecycle import LEARN_HEADER
 
 log = logging.getLogger("clawproxy.proxy")
@@ -83,6 +84,7 @@ METRICS_KEY = web.AppKey("clawproxy_metrics", ProxyMetrics)
 RECORDING_KEY = web.AppKey("clawproxy_recording", Recording)
 ADDONS_KEY = web.AppKey("clawproxy_addons", Addons)
 TRYING_KEY = web.AppKey("clawproxy_trying", Trying)
+WARMUP_KEY = web.AppKey("clawproxy_warmup", Warmup)
 
 
 def server_options(cfg: Config) -> dict[str, Any]:
@@ -195,7 +197,10 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
                                     cfg.db_path)
     app.on_cleanup.append(_close_metrics)
     app[RECORDING_KEY] = Recording()
-    app[ADDONS_KEY] = Addons(default_addons(app[STATS_KEY], app[RECORDING_KEY], app[METRICS_KEY]))
+    # only in front of the engine clawproxy runs: an attached server's cache is its own business
+    warmup = Warmup(cfg, app[STATS_KEY], upstream_ready) if upstream_ready is not None and cfg.engine.warm_prefix \
+        else None
+    app[ADDONS_KEY] = Addons(default_addons(app[STATS_KEY], app[RECORDING_KEY], app[METRICS_KEY], warmup))
     prefix = uuid.uuid4().hex[:16]
     app[IDS_KEY] = (f"{prefix}-{i}" for i in itertools.count(1))
     app.cleanup_ctx.append(_recorder_ctx)
@@ -204,6 +209,9 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
     app[TRYING_KEY] = Trying(cfg)
     app.cleanup_ctx.append(app[TRYING_KEY].ctx)
+    if warmup is not None:
+        app[WARMUP_KEY] = warmup
+        app.cleanup_ctx.append(lambda app: warmup.ctx(app[ROUTER_KEY], app[UPSTREAM_KEY]))
     app.router.add_get("/clawproxy/health", _control(health))
     app.router.add_get("/clawproxy/stats", _control(stats))
     app.router.add_get("/metrics", _control(metrics))

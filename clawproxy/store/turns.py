@@ -107,6 +107,20 @@ class Turns(Core):
             out.append((r["id"], r["user"], last["request_messages"] if last else None))
         return out
 
+    def last_prompts(self, recent: int) -> list[tuple[int, str | None, Any]]:
+        """(turn id, user, request messages) of each user's newest ok main turn among the newest
+        ``recent`` turns, newest first: what the engine last served each (the warm-up, proxy/warmup.py)."""
+        # the newest ids only: a store of months of traffic is not scanned
+        rows = self.query(
+            "SELECT MAX(id) AS id FROM turns WHERE id > (SELECT COALESCE(MAX(id), 0) FROM turns) - ? "
+            "AND kind='main' AND status='ok' GROUP BY user", (recent,))
+        out = []
+        for r in sorted(rows, key=lambda r: -r["id"]):
+            t = self.query_one("SELECT id, user, request_messages FROM turns WHERE id=?", (r["id"],))
+            if t is not None:
+                out.append((t["id"], t["user"], t["request_messages"]))
+        return out
+
     def recent_bodies(self, created_since: float, limit: int) -> list[dict[str, Any]]:
         """The retry memory: non-retry turns with a body hash, created since ``created_since``, in the last ``limit`` ids."""
         return self.query(

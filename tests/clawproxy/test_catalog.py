@@ -276,6 +276,9 @@ def test_a_first_start_fetches_the_named_model_in_the_terminal_before_the_engine
     r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--upstream", "http://127.0.0.1:9"])
     assert r.exit_code == 0 and fetched == [], r.output  # an upstream needs no model here
     # llama.cpp's q4_k_m is the catalog's own file: nothing is made before the engine starts
+    from clawproxy.engine import llamacpp_build
+
+    monkeypatch.setattr(llamacpp_build, "find", lambda cache=None: llamacpp_build.LlamaCpp(tmp_path))  # built
     r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--model", "qwen2.5-coder-1.5b",
                                   "--engine", "llamacpp", "--quantization", "q4_k_m"])
     assert r.exit_code == 0 and ran[-1] == ["qwen2.5-coder-1.5b"], r.output

@@ -278,12 +278,13 @@ class DefaultStack:
 
 @pytest.fixture(scope="module")
 def default_stack(openclaw, tmp_path_factory):
-    """`clawproxy start` with the default engine and model (vLLM serving Qwen2.5-Coder-1.5B), no
+    """`clawproxy start` with the default model (Qwen2.5-Coder-1.5B) on vLLM (what engine.kind auto
+    picks on a CPU with native bfloat16, named so that the test is the same on every CPU), no
     trainer child, configured only by `openclaw-config --write`. Starting it takes minutes on a
     2-core CPU, under ``_start``'s own deadline, so the tests below share it."""
     tmp_path = tmp_path_factory.mktemp("default-stack")
     with held_port() as engine_port:
-        proc, port, data = _start(tmp_path, "--engine-port", str(engine_port), "--no-train")
+        proc, port, data = _start(tmp_path, "--engine", "vllm", "--engine-port", str(engine_port), "--no-train")
     try:
         home = tmp_path / "home"
         yield DefaultStack(port, engine_port, data, home, _write_config(home, port))

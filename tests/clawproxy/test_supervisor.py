@@ -195,7 +195,7 @@ def test_taken_port_is_a_clear_error(tmp_path, flag):
             ports = {"--port": port, "--engine-port": engine_port, flag: taken}
             r = subprocess.run(
                 [sys.executable, "-m", "clawproxy.cli", "start", "--data-dir", str(tmp_path / "d"),
-                 "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"),
+                 "--no-judge", "--no-train", "--model", str(tmp_path / "never-loaded"), "--engine", "vllm",
                  *[str(x) for kv in ports.items() for x in kv]],
                 capture_output=True, text=True, timeout=60,
             )

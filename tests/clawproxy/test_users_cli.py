@@ -139,3 +139,16 @@ async def test_prefer_show_unprefer_and_trying_off(setup):
     assert json.loads(await _cli(config, rig, "users", "show", "ann", "--json"))["preferences"] == []
     await _cli(config, rig, "users", "trying", "ann", "--off")
     assert json.loads(await _cli(config, rig, "users", "show", "ann", "--json"))["trying"]["on"] is False
+
+
+async def test_show_piped_to_a_file_keeps_a_preference_on_one_line(setup):
+    rig, app, config = setup
+    await _cli(config, rig, "users", "add", "ann")
+    wish = ("Answer in one short paragraph, lead with the answer itself, and leave out the background "
+            "unless I ask for it.")
+    await _cli(config, rig, "users", "prefer", "ann", wish)
+    # no COLUMNS and no terminal, as `clawproxy users show ann > file` runs: rich alone would use 80
+    r = await asyncio.to_thread(CliRunner().invoke, main, ["users", "show", "ann", "--config", str(config),
+                                                           "--data-dir", rig.cfg.data_dir], env={"COLUMNS": None})
+    assert r.exit_code == 0, r.output
+    assert any(wish[:90] in line for line in r.output.splitlines()), r.output  # in 80 columns: 9 a line

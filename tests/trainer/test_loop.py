@@ -327,7 +327,8 @@ def test_two_processes_make_the_same_step_as_one(rig, tiny_model_dir, tmp_path):
     from tests.net import held_port
 
     config_file = tmp_path / "cfg.yaml"
-    config_file.write_text(f"engine:\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 3\n  threads: 1\n"
+    # kind named: the second run is a subprocess, which the conftest's engine.kind pin does not reach
+    config_file.write_text(f"engine:\n  kind: vllm\n  model: {tiny_model_dir}\ntrainer:\n  batch_size: 3\n  threads: 1\n"
                            "  learning_rate: 0.001\n  canary_max_tokens: 8\n")
     dirs = {}
     for name in ("one", "two"):
