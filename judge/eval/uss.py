@@ -176,7 +176,7 @@ def uss_figures(gold: Sequence[int], pred: Sequence[int]) -> dict[str, Any]:
 
 def pooled(sources: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     """The rows of the table: each source, then each group of two or more (fitted on, held back)."""
-    rows = [(s, (s,)) for s in sources]
+    rows: list[tuple[str, tuple[str, ...]]] = [(s, (s,)) for s in sources]
     for group in (FIT_SOURCES, HELD_BACK):
         have = tuple(s for s in group if s in sources)
         if len(have) > 1:
