@@ -80,9 +80,16 @@ def run(config_path, data_dir, follow, limit, voter, votes, no_progress) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--tradeoff", is_flag=True,
               help="Also replay other confidence thresholds: sign precision against coverage.")
+@click.option("--uss", "uss_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Score real people's rated replies instead: a snapshot of the User Satisfaction Simulation "
+                   "corpus (github.com/sunnweiwei/user-satisfaction-simulation, its dataset/ folder or the one "
+                   "above); prints the trade-off table per source.")
+@click.option("--uss-split", type=click.Choice(["validation", "test", "train", "all"]), default="validation",
+              show_default=True, help="Which MWOZ and SGD dialogues --uss scores (other sources: all).")
 def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model, data_dir, limit,
-             stride, show_errors, as_json, tradeoff) -> None:
-    """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases."""
+             stride, show_errors, as_json, tradeoff, uss_dir, uss_split) -> None:
+    """Accuracy, per-class precision/recall, FPR and FNR of each voter on the labeled cases
+    (with --uss: sign precision, wrong signs and coverage on real people's replies)."""
     import orjson
 
     from judge.eval.dataset import load_cases
@@ -95,10 +102,13 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
         voters = ("embedding", "lexical") + (("llm",) if (llm_url or local_model) else ())
     if stride < 1:
         raise click.BadParameter("must be >= 1", param_hint="--stride")
+    console = make_console()
+    if uss_dir is not None:
+        _eval_uss(cfg, voters, uss_dir, uss_split, stride, limit, as_json, console)
+        return
     cases = load_cases(split)[::stride]
     if limit:
         cases = cases[:limit]
-    console = make_console()
     reports = []
     for name in voters:
         if name == "llm" and local_model:
@@ -120,3 +130,35 @@ def eval_cmd(config_path, voters, split, votes, llm_url, llm_model, local_model,
         out = [{**r.as_dict(), **({"tradeoff": r.tradeoff(list(TRADEOFF_GRID))} if tradeoff else {})}
                for r in reports]
         click.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+
+
+def _eval_uss(cfg, voters, uss_dir, uss_split, stride, limit, as_json, console) -> None:
+    """``judge eval --uss``: every voter on the replies rated good or bad, per source."""
+    from pathlib import Path
+
+    import orjson
+
+    from judge.eval.evaluate import evaluate
+    from judge.eval.uss import SOURCES, load_uss, render_uss, uss_rows
+    from judge.voters import build_voter, min_confidence
+
+    found = load_uss(Path(uss_dir), list(SOURCES), uss_split)
+    if not found:
+        raise click.ClickException(f"{uss_dir} has none of {', '.join(SOURCES.values())} (nor a dataset/ "
+                                   "folder with them); point --uss at the corpus's dataset/ folder")
+    rows = []
+    for name in voters:
+        if name == "llm" and cfg.judge.llm_url is None:
+            raise click.ClickException("--uss scores the llm voter through --llm-url only")
+        voter = build_voter(cfg, name)
+        reports = {}
+        for source, cases in found.items():
+            cases = [c for c in cases if c.label != "neutral"][::stride][:limit]
+            with progress(f"eval {name} on {source}", len(cases), disable=as_json) as advance:
+                reports[source] = evaluate(voter, cases, cfg.judge.votes, f"uss-{uss_split}", progress=advance,
+                                           min_confidence=min_confidence(cfg, voter))
+        rows += uss_rows(reports)
+    if as_json:
+        click.echo(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+    else:
+        render_uss(rows, uss_split, console)

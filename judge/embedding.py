@@ -194,11 +194,23 @@ class Head:
         )
 
 
+def balanced(y: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``weight`` scaled so that each class weighs the same and all weigh len(y) together (with
+    equal weights: scikit-learn's ``class_weight="balanced"``)."""
+    classes = np.unique(y)
+    out = np.asarray(weight, dtype=np.float64).copy()
+    for c in classes:
+        out[y == c] *= len(y) / (len(classes) * out[y == c].sum())
+    return out
+
+
 def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, c: float = 0.03, seed: int = 0,
              good_threshold: float = 0.5, bad_threshold: float = 0.5, min_confidence: float = 0.0,
-             meta: dict[str, Any] | None = None) -> Head:
+             meta: dict[str, Any] | None = None, weight: np.ndarray | None = None) -> Head:
     """Fit K class-balanced multinomial logistic regressions (inverse L2 strength ``c``), each on a
-    bootstrap resample of (x, y) with y = class index (0 bad, 1 neutral, 2 good)."""
+    bootstrap resample of (x, y) with y = class index (0 bad, 1 neutral, 2 good). ``weight``: each
+    row's weight before the classes are balanced (judge/eval/fit.py weighs real people's replies
+    against the written cases with it)."""
     from sklearn.linear_model import LogisticRegression
 
     mean = x.mean(axis=0)
@@ -210,7 +222,8 @@ def fit_head(x: np.ndarray, y: np.ndarray, k: int = 7, c: float = 0.03, seed: in
         idx = rng.integers(0, len(y), len(y))
         while len(np.unique(y[idx])) < len(np.unique(y)):  # a small slice's resample can miss a class
             idx = rng.integers(0, len(y), len(y))
-        model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced").fit(z[idx], y[idx])
+        w = balanced(y[idx], np.ones(len(idx)) if weight is None else weight[idx])
+        model = LogisticRegression(C=c, max_iter=3000).fit(z[idx], y[idx], sample_weight=w)
         ws.append(model.coef_.T)
         bs.append(model.intercept_)
     return Head(mean=mean.astype(np.float32), std=std.astype(np.float32), weights=np.stack(ws).astype(np.float32),
