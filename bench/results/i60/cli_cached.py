@@ -1,15 +1,20 @@
+# ruff: noqa  (a record of how the figures were replayed from cached feature rows in /tmp, not a tool)
 """Run `clawproxy judge eval ...` with the embedding voter's feature rows looked up in the caches
 made earlier by the same features() code (cases missing there are encoded as usual)."""
 import sys
+
 import numpy as np
-from judge.eval.dataset import load_cases
-from judge.eval.uss import FIT_SOURCES, load_uss
+
 import judge.voters as V
 from judge.embedding import features
+from judge.eval.dataset import load_cases
+from judge.eval.uss import FIT_SOURCES, load_uss
+
 rows = {}
 d = np.load("/tmp/i60-features.npz")
 byid = {i: x for i, x in zip(d["id"].tolist(), d["x"])}
 from pathlib import Path
+
 for split in ("train", "validation", "test"):
     for cs in load_uss(Path("/tmp/uss"), FIT_SOURCES, split).values():
         for c in cs:
@@ -30,5 +35,6 @@ def precompute(self, inputs):
     return np.stack([rows[k] for k in keys])
 V.EmbeddingVoter.precompute = precompute
 from clawproxy.cli import main
+
 sys.argv[0] = "clawproxy"
 main()
