@@ -15,7 +15,7 @@ import numpy as np
 
 from judge.embedding import features
 from judge.eval.dataset import LABEL_SCORE
-from judge.eval.uss import FIT_SOURCES, read_dialogues, dialogue_cases, source_file
+from judge.eval.uss import FIT_SOURCES, dialogue_cases, read_dialogues, source_file
 
 
 def main() -> None:
