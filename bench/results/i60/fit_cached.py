@@ -1,4 +1,3 @@
-# ruff: noqa  (a record of how the figures were replayed from cached feature rows in /tmp, not a tool)
 """Run judge.eval.fit.main with the feature rows cached earlier from the same code (the machine's
 two cores are shared; the encoder pass is the slow part). Same cases, same order, same rows."""
 
@@ -8,7 +7,8 @@ import judge.eval.fit as fit
 from judge.eval.dataset import LABEL_SCORE, load_cases
 from judge.eval.uss import FIT_SOURCES, load_uss
 
-w = np.load("/tmp/i60-written.npz"); d = np.load("/tmp/i60-features.npz")
+w = np.load("/tmp/i60-written.npz")
+d = np.load("/tmp/i60-features.npz")
 def user_cases(split):
     cases = [c for c in load_cases(split) if c.inp.role == "user"]
     y = np.array([LABEL_SCORE[c.label] + 1 for c in cases])
