@@ -114,7 +114,8 @@ def said_instruction(text: str, max_words: int) -> str | None:
     if first is None:
         return None
     # the asking clause and what follows it ("break it up? one item per line")
-    parts = [_as_instruction(c) or c.strip()[0].upper() + c.strip()[1:].rstrip(" ?!.") + "." for c in clauses[first:]]
+    rest = [c for c in clauses[first:] if _LEAD.sub("", c).strip()]  # "ok", "so": no part of the request
+    parts = [_as_instruction(c) or c.strip()[0].upper() + c.strip()[1:].rstrip(" ?!.") + "." for c in rest]
     return " ".join(parts)
 
 

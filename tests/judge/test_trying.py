@@ -203,6 +203,8 @@ def test_the_banks_places_are_near_the_complaints_and_unlike_each_other():
     ("I'd like it shorter", "Make the answer shorter."),
     ("I would like you to use headings", "Use headings."),
     ("break it up? one item per line", "Break the answer up. One item per line."),
+    ("break it up? one item per line ok", "Break the answer up. One item per line ok."),
+    ("break it up? one item per line. ok", "Break the answer up. One item per line."),
     ("sorry, I only have a minute. shorter?", "Shorter."),
     ("Could you please add a summary at the end?", "Add a summary at the end."),
 ])
