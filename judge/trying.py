@@ -7,8 +7,8 @@ judgment's own transaction (``Store.record_judgment``). Here, after a judgment:
 - **shortlist**: after a complaint, the user's shortlisted candidates that have not failed stay
   (failed: two more bad replies than good, or after two tries answers that broke or whose form did
   not move), and the free places go to up to two short complaints of their own that ask for
-  something, rewritten as an instruction ("could I get that as a list" -> "Give the answer as a
-  list."; not "I can never find the part I need"), then to the bank's instructions
+  something, rewritten as an instruction ("could I have it as a table" -> "Give the answer as a
+  table."; not "I can never find the part I need"), then to the bank's instructions
   (``judge/data/instructions.txt``) near their recent complaints by sentence embedding and unlike
   each other (maximal marginal relevance over the nearest four times the shortlist);
 - **promote**: a candidate becomes an active preference when its replies are likely liked more often
@@ -95,7 +95,7 @@ def _as_instruction(clause: str) -> str | None:
 
 
 def asks(text: str) -> bool:
-    """Whether the reply asks for something ("shorter, please", "could I get that as a list",
+    """Whether the reply asks for something ("shorter, please", "could I have it as a table",
     "ok. just give me the number"), rather than only describing a problem ("I can never find the
     part I need"): only a request is served back as an instruction."""
     if _PLEASE.search(text):
@@ -104,8 +104,8 @@ def asks(text: str) -> bool:
 
 
 def said_instruction(text: str, max_words: int) -> str | None:
-    """The user's complaint rewritten as a candidate instruction ("could I get that as a list" ->
-    "Give the answer as a list."), or None: too long, empty, not a request, or not about style."""
+    """The user's complaint rewritten as a candidate instruction ("could I have it as a table" ->
+    "Give the answer as a table."), or None: too long, empty, not a request, or not about style."""
     text = " ".join(text.split()).strip()
     if not text or len(text.split()) > max_words or _NOT_STYLE.search(text) or not asks(text):
         return None
@@ -113,14 +113,14 @@ def said_instruction(text: str, max_words: int) -> str | None:
     first = next((i for i, c in enumerate(clauses) if _as_instruction(c)), None)
     if first is None:
         return None
-    # the asking clause and what follows it ("break it up? one item per line")
+    # the asking clause and what follows it ("split it up? one step per line")
     rest = [c for c in clauses[first:] if _LEAD.sub("", c).strip()]  # "ok", "so": no part of the request
     parts = [_as_instruction(c) or c.strip()[0].upper() + c.strip()[1:].rstrip(" ?!.") + "." for c in rest]
     return " ".join(parts)
 
 
 def asks_for_change(reaction: str, max_words: int = 12) -> bool:
-    """The reply asks the assistant to change something, in a request form ("can you reformat that",
+    """The reply asks the assistant to change something, in a request form ("can you rewrite that",
     "points please"): whatever a voter read in it, it is no praise."""
     return said_instruction(reaction, max_words) is not None
 

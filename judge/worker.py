@@ -92,7 +92,7 @@ class Worker:
         score, majority = verdict.score, verdict.majority
         reaction, remembered = reaction_text(inp), None
         if score != -1 and reaction and asks_for_change(reaction):
-            # "can you reformat that so I can skim it" is never praise: no sample, but it leans
+            # "can you rewrite that so I can scan it" is never praise: no sample, but it leans
             # unhappy and the user's memory keeps it as a complaint (their words for what to change)
             score, majority, remembered = 0, -1, -1
         hint = (hint if score == -1 else None) or final_hint(votes, score)

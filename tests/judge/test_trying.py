@@ -198,14 +198,14 @@ def test_the_banks_places_are_near_the_complaints_and_unlike_each_other():
 
 
 @pytest.mark.parametrize(("reply", "instruction"), [
-    ("can I get that as a list", "Give the answer as a list."),
-    ("could you trim that down a lot", "Trim the answer down a lot."),
+    ("could I have it as a table", "Give the answer as a table."),
+    ("could you cut that down a bit", "Cut the answer down a bit."),
     ("I'd like it shorter", "Make the answer shorter."),
     ("I would like you to use headings", "Use headings."),
-    ("break it up? one item per line", "Break the answer up. One item per line."),
-    ("break it up? one item per line ok", "Break the answer up. One item per line ok."),
-    ("break it up? one item per line. ok", "Break the answer up. One item per line."),
-    ("sorry, I only have a minute. shorter?", "Shorter."),
+    ("split it up? one step per line", "Split the answer up. One step per line."),
+    ("split it up? one step per line ok", "Split the answer up. One step per line ok."),
+    ("split it up? one step per line. ok", "Split the answer up. One step per line."),
+    ("sorry, I'm in a hurry. shorter?", "Shorter."),
     ("Could you please add a summary at the end?", "Add a summary at the end."),
 ])
 def test_a_request_in_its_common_forms_becomes_an_instruction(reply, instruction):
@@ -243,7 +243,7 @@ def test_an_active_preference_whose_answers_are_broken_is_demoted(store):
 
 
 def test_a_request_for_a_change_is_never_praise_and_shortlists_the_users_words(store):
-    """A voter may read "can you reformat that so I can skim it" as happy; it asks for a change, so
+    """A voter may read "can you rewrite that so I can scan it" as happy; it asks for a change, so
     it is no sample, leans unhappy, and the user's request becomes a candidate in their words."""
     from judge.voters import Vote
 
@@ -251,13 +251,13 @@ def test_a_request_for_a_change_is_never_praise_and_shortlists_the_users_words(s
         def vote(self, inp, idx):
             return Vote(1)
 
-    tid = add_turn(store, "s", request="explain tides", response=ESSAY, next_user="can you reformat that so I can skim it")
+    tid = add_turn(store, "s", request="explain tides", response=ESSAY, next_user="can you rewrite that so I can scan it")
     trier = Trier(store, TryingConfig(shortlist=3))
     Worker(store, Pleased(), votes=3, trier=trier).run(False, 0.01, threading.Event())
     row = store.query_one("SELECT score, majority FROM judgments WHERE turn_id=?", (tid,))
     assert (row["score"], row["majority"]) == (0, -1)
     said = [r["text"] for r in store.preferences_of(None) if r["source"] == "said"]
-    assert said == ["Reformat the answer so I can skim it."]
+    assert said == ["Rewrite the answer so I can scan it."]
     thanks = add_turn(store, "s2", request="q", response=SHORT, next_user="great, thanks a lot")
     Worker(store, Pleased(), votes=3, trier=trier).run(False, 0.01, threading.Event())
     assert store.query_one("SELECT score FROM judgments WHERE turn_id=?", (thanks,))["score"] == 1
