@@ -195,7 +195,7 @@ class Trier:
         known = {r["text"]: r for r in self.store.preferences_of(user)}
         w = self.cfg.abstain_weight
         kept = [r for r in known.values() if r["status"] == "candidate" and r["shortlisted"] and not failed(r, w)
-                and not (r["tries"] >= FORM_TRIES and self.form_flaw(r, user))]
+                and not (r["tries"] >= FORM_TRIES and self.what_blocks(r, user))]
         taken = {r["text"] for r in kept}
 
         def free(text: str) -> bool:
@@ -223,7 +223,7 @@ class Trier:
         rows = self.store.reactions_of(turn.get("user"), limit=1, score=-1, before_turn=int(turn["id"]) + 1)
         return bool(rows) and int(rows[0]["turn_id"]) == int(turn["id"])
 
-    def form_flaw(self, row: dict[str, Any], user: str | None) -> str | None:
+    def what_blocks(self, row: dict[str, Any], user: str | None) -> str | None:
         """Why a candidate's tried answers cannot make it a preference: 'broken' (most are no real
         answer: empty, looping, a word or two), 'unchanged' (their form did not move away from the
         answers the user complained about, ``judge/features.py``), else None."""
@@ -242,7 +242,7 @@ class Trier:
         untried = untried_evidence(self.store.untried_scores(user, self.cfg.baseline_window), self.cfg.abstain_weight)
         for row in self.store.preferences_of(user, ("candidate", "active")):
             if (row["status"] == "candidate" and row["shortlisted"] and promotable(row, untried, self.cfg)
-                    and self.form_flaw(row, user) is None):
+                    and self.what_blocks(row, user) is None):
                 self.store.set_preference_status(row["id"], "active")
                 log.info("user %s: preference found after %d tries (%d good, %d bad): %s",
                          user, row["tries"], row["good"], row["bad"], row["text"])

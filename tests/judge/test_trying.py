@@ -228,9 +228,9 @@ def test_a_candidate_that_changed_nothing_or_broke_answers_is_not_promoted_on_go
     _judge(store, trier)
     status = {pid: store.preference(pid)["status"] for pid in (unchanged, broken, fixed)}
     assert status == {unchanged: "candidate", broken: "candidate", fixed: "active"}
-    assert trier.form_flaw(store.preference(unchanged), None) == "unchanged"
-    assert trier.form_flaw(store.preference(broken), None) == "broken"
-    assert Trier(store, TryingConfig(min_movement=0)).form_flaw(store.preference(unchanged), None) is None
+    assert trier.what_blocks(store.preference(unchanged), None) == "unchanged"
+    assert trier.what_blocks(store.preference(broken), None) == "broken"
+    assert Trier(store, TryingConfig(min_movement=0)).what_blocks(store.preference(unchanged), None) is None
 
 
 def test_an_active_preference_whose_answers_are_broken_is_demoted(store):
