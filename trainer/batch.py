@@ -160,8 +160,8 @@ def student_prompt_ids(tokenizer: Any, sample: Sample) -> list[int] | None:
     recorded messages rendered as the engine renders them (the client's own request, without the
     instruction); None when the template cannot render them.
 
-    Its completion was sampled from the instructed model, whose recorded log-probs stay the
-    behaviour policy: the importance ratio is the student's probability over the instructed one's."""
+    Its completion was sampled from the instructed model: the student learns it as a teacher's
+    answer (the step's ratio for it is 1, ``train_step``), not as its own sample."""
     if sample.served_instruction is None:
         return sample.prompt_ids
     if not sample.messages:

@@ -152,6 +152,10 @@ def train_step(policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, c
                 ref = completion_logps(ref_model, tokens)
 
         logps = completion_logps(policy.model, tokens)
+        # a turn served under an instruction was sampled by the instructed model: its ratio to the
+        # student is no importance weight, and it would silence the very tokens the instruction changed
+        instructed = torch.tensor([s.served_instruction is not None for s in chunk], device=acc.device)
+        behaviour = torch.where(instructed.unsqueeze(1), logps.detach(), behaviour)
         adv = combined_advantages(
             scores, teacher, logps.detach(), has_teacher, mask,
             w_rl=cfg.w_rl if cfg.method != "opd" else 0.0,

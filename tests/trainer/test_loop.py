@@ -547,3 +547,22 @@ def test_a_refused_step_keeps_the_serving_versions_canaries_and_times_the_gate(r
     assert calls == [0]  # v0's answers once; each step's new answers are drafted by them (gate.verify_and_extend)
     assert all(r.metrics["gate_s"] > 0 for r in results)
     assert results[0].metrics["canary_s"] > 0 and results[1].metrics["canary_s"] < results[0].metrics["canary_s"]
+
+
+def test_a_turn_served_under_an_instruction_is_learned_as_a_teachers_answer(rig, tiny_model_dir):
+    """Its answer was sampled by the instructed model (recorded log-probs near 0) and is unlikely
+    under the student: the step takes its ratio as 1 and pushes those tokens up at full strength.
+    The same sample as the student's own stays importance-weighted (ratio ~ e^-10, no push)."""
+    cfg, store = rig()
+    tr = _trainer(cfg, store)
+    _add(store, tiny_model_dir, 1, seed=8, hint=None)
+    (s,) = tr.collect().samples
+    sure = replace(s, behaviour_logps=[0.0] * len(s.completion_ids), hint=None)
+    batch = tr.collect()
+
+    def grad_norm(sample):
+        return train_step(tr.policy, tr.optimizer, replace(batch, samples=[sample], baselines={}, lr=0.0),
+                          cfg.trainer).grad_norm
+
+    own, taught = grad_norm(sure), grad_norm(replace(sure, served_instruction="Answer in one word."))
+    assert sure.score == 1 and taught > 1000 * own > 0
