@@ -21,6 +21,7 @@ last good version is loaded again.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ from clawproxy.engine.convert import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from clawproxy.users import adapter_name
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -257,8 +260,12 @@ def engine_serves(engine: Any, current: Version, owner: str | None = None) -> bo
 
 
 def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
-    """Reload the current version of each adapter into an engine that restarted on the base model
-    (the shared one, and each user's own). True if any was reloaded."""
+    """Reload the current version of each owner's weights into an engine that restarted on the base
+    model or serves another version (the shared one, and each user's own). True if any was reloaded.
+
+    An adapter that an engine serving adapters by name (vLLM) has lost is only reported (a "lost"
+    event): the proxy owns loading it back (``clawproxy/proxy/routing.py``), since it sees the 404 on
+    the request that needs it and runs whether or not the trainer does."""
     reloaded = False
     for owner in store.owners():
         if owner is not None and store.serving_checkpoint(owner) is None:
@@ -266,6 +273,9 @@ def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
         current = current_version(store, base_dir, owner)
         try:
             if engine_serves(engine, current, owner):
+                continue
+            if lost_adapter(engine, current, owner):
+                _report_lost(store, engine, current, owner)
                 continue
             serving = engine.weight_version()
         except EngineError:
@@ -276,3 +286,22 @@ def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
         store.log_event("reload", event if owner is None else {**event, "user": owner})
         reloaded = True
     return reloaded
+
+
+def lost_adapter(engine: Any, current: Version, owner: str | None) -> str | None:
+    """The name of ``owner``'s adapter when an engine that serves adapters by name does not list it
+    (it restarted); None otherwise."""
+    if not (current.lora and engine.spec.adapters_by_name):
+        return None
+    name = engine.lora_name if owner is None else adapter_name(owner, engine.lora_name)
+    return None if name in engine.served_adapters() else name
+
+
+def _report_lost(store: Store, engine: Any, current: Version, owner: str | None) -> None:
+    name = lost_adapter(engine, current, owner)
+    event = {"adapter": name, "path": str(current.path), "version": current.version,
+             **({"user": owner} if owner is not None else {})}
+    if event not in (e["data"] for e in store.events_of("lost")):  # once per version lost, not per poll
+        store.log_event("lost", event)
+        log.info("the engine lost adapter %r (v%d); the proxy loads it again on its next request",
+                 name, current.version)

@@ -1,10 +1,12 @@
 """The aiohttp application: a transparent reverse proxy for ``/v1/*`` that records chat turns.
 
-This module only moves bytes. Per request: read the body, validate and (for chat completions)
-splice in the token fields we want, open the upstream request, then pass every upstream read to
-the client through the request's ``Tap`` (``tap.py``), which strips the fields we added, builds
-the turn as its events pass (one orjson parse per event) and decides the outcome once. The
-addons (``addons.py``) watch the tap: recording, stats, metrics. The turn is journaled, redacted,
+This module only moves bytes. Per request: read the body, parse and validate a chat body (once),
+let the addons change the request (``addons.py``: routing, trying, the token fields, in their
+declared order, over ``wire.Outgoing``), serialize it once, open the upstream request, then pass
+every upstream read to the client through the request's ``Tap`` (``tap.py``), which strips the
+fields we added, builds the turn as its events pass (one orjson parse per event) and decides the
+outcome once. The watching addons see the tap's events: recording, stats, metrics. The proxy's own
+endpoints are ``control.py``. The turn is journaled, redacted,
 before ``[DONE]`` goes out; that redaction runs on the event loop (the request body's while the
 upstream generates, the answer's at the end, tens of microseconds with the body's messages
 cached). Building the stored record, its redaction again, session tracking and SQLite happen
@@ -35,7 +37,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 from clawproxy.config import Config
-from clawproxy.edge import control_route, error_response, has_bearer
+from clawproxy.edge import error_response, has_bearer
 from clawproxy.errors import (
     ClawproxyError,
     ConfigError,
@@ -47,12 +49,12 @@ from clawproxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
-from clawproxy.proxy import aiohttp_patches, ui, wire
-from clawproxy.proxy.addons import ProxyStats, Recording, default_addons
+from clawproxy.proxy import aiohttp_patches, control, ui, wire
+from clawproxy.proxy.addons import ProxyStats, Recording, TokenFields, default_addons
 from clawproxy.proxy.metrics import ProxyMetrics
+from clawproxy.proxy.poller import Poller
 from clawproxy.proxy.recorder import Recorder
 from clawproxy.proxy.routing import ModelRouter, router_for
-from clawproxy.proxy.sse import Added
 from clawproxy.proxy.tap import Addons, Flow, Outcome, Tap
 from clawproxy.proxy.trying import Trying
 from clawproxy.proxy.warmup import Warmup
@@ -84,6 +86,7 @@ METRICS_KEY = web.AppKey("clawproxy_metrics", ProxyMetrics)
 RECORDING_KEY = web.AppKey("clawproxy_recording", Recording)
 ADDONS_KEY = web.AppKey("clawproxy_addons", Addons)
 TRYING_KEY = web.AppKey("clawproxy_trying", Trying)
+POLLER_KEY = web.AppKey("clawproxy_poller", Poller)
 WARMUP_KEY = web.AppKey("clawproxy_warmup", Warmup)
 
 
@@ -144,6 +147,8 @@ def _install_log_filters() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if _PARSER_NOISE not in server_log.filters:
         server_log.addFilter(_PARSER_NOISE)
+
+
 ROUTER_KEY = web.AppKey("clawproxy_router", ModelRouter)
 
 
@@ -200,21 +205,22 @@ def create_app(cfg: Config, *, upstream_ready: Callable[[], bool] | None = None)
     # only in front of the engine clawproxy runs: an attached server's cache is its own business
     warmup = Warmup(cfg, app[STATS_KEY], upstream_ready) if upstream_ready is not None and cfg.engine.warm_prefix \
         else None
-    app[ADDONS_KEY] = Addons(default_addons(app[STATS_KEY], app[RECORDING_KEY], app[METRICS_KEY], warmup))
+    app[ROUTER_KEY] = router_for(cfg)
+    app[TRYING_KEY] = Trying(cfg)
+    app[ADDONS_KEY] = Addons(default_addons(app[STATS_KEY], app[RECORDING_KEY], app[METRICS_KEY], app[ROUTER_KEY],
+                                            app[TRYING_KEY], TokenFields(cfg.proxy.record_tokens), warmup))
     prefix = uuid.uuid4().hex[:16]
     app[IDS_KEY] = (f"{prefix}-{i}" for i in itertools.count(1))
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(_upstream_ctx)  # cleaned up first: no request outlives the recorder
-    app[ROUTER_KEY] = router_for(cfg)
-    app.cleanup_ctx.append(app[ROUTER_KEY].ctx)
-    app[TRYING_KEY] = Trying(cfg)
-    app.cleanup_ctx.append(app[TRYING_KEY].ctx)
+    # after the recorder's context, which migrates the store the poller reads
+    app[POLLER_KEY] = Poller(cfg.db_path, [app[ROUTER_KEY], app[TRYING_KEY]])
+    app.cleanup_ctx.append(app[POLLER_KEY].ctx)
     if warmup is not None:
         app[WARMUP_KEY] = warmup
         app.cleanup_ctx.append(lambda app: warmup.ctx(app[ROUTER_KEY], app[UPSTREAM_KEY]))
-    app.router.add_get("/clawproxy/health", _control(health))
-    app.router.add_get("/clawproxy/stats", _control(stats))
-    app.router.add_get("/metrics", _control(metrics))
+    control.setup(app, control.Control(cfg, upstream_ready, app[STATS_KEY], lambda: app[RECORDER_KEY].stats(),
+                                       app[METRICS_KEY]))
     ui.setup(app, cfg, recording=lambda: app[RECORDER_KEY].stats())
     app.router.add_route("*", "/v1/{tail:.*}", forward)
     app.router.add_route("*", "/v1", forward)
@@ -266,53 +272,6 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-# -- control endpoints ---------------------------------------------------------------------------
-def _control(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-    """A /clawproxy/* route behind the guard the engine uses too (clawproxy/edge.py)."""
-    return control_route(handler, lambda r: r.app[CONFIG_KEY].proxy.control_token, "proxy.control_token",
-                         hosts=lambda r: r.app[CONFIG_KEY].proxy.host_names)
-
-
-async def health(request: web.Request) -> web.Response:
-    ready = request.app[READY_KEY]
-    rec = request.app[RECORDER_KEY]
-    rs = rec.stats()
-    problems = []
-    if not rs["store_ok"]:
-        problems.append(f"store unavailable: {rs['last_error']}")
-    if rs["turns_lost"]:
-        problems.append(f"{rs['turns_lost']} turn(s) lost: {rs['last_loss']}")
-    if not rs["journal_ok"]:
-        problems.append("crash journal unavailable")
-    return _json({
-        "status": "ok",
-        "recording": "degraded" if problems else "ok",
-        "problems": problems,
-        "upstream": str(URL(request.app[CONFIG_KEY].proxy.upstream or "").with_user(None)),
-        "upstream_ready": ready() if callable(ready) else None,
-        "store_ok": rs["store_ok"],
-        "turns_lost": rs["turns_lost"],
-        "quarantined": rs["quarantined"],
-        "spool_records": rs["spool_records"],
-    })
-
-
-async def stats(request: web.Request) -> web.Response:
-    s = request.app[STATS_KEY]
-    return _json({
-        "requests": s.requests, "chat_requests": s.chat_requests, "errors": s.errors,
-        "aborted": s.aborted, "in_flight": s.in_flight,
-        "uptime_s": round(time.time() - s.started_at, 3),
-        **request.app[RECORDER_KEY].stats(),
-    })
-
-
-async def metrics(request: web.Request) -> web.Response:
-    """Prometheus exposition; the store is read in a worker thread (clawproxy/proxy/metrics.py)."""
-    body, content_type = await request.app[METRICS_KEY].render(request.headers.get("Accept"))
-    return web.Response(body=body, headers={"Content-Type": content_type})
-
-
 async def not_found(request: web.Request) -> web.Response:
     return error_response(NotFound(f"{request.path} is not served here: the API is under /v1/, the "
                                    "proxy's own endpoints under /clawproxy/"))
@@ -326,10 +285,6 @@ def _not_forwarded(request: web.Request) -> web.Response:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
-
-
 def _protocol_error(status: int, message: str | None, exc: BaseException | None) -> web.StreamResponse:
     """What aiohttp's protocol layer answers itself (aiohttp_patches.py), as the OpenAI JSON error
     our clients parse; the connection is closed, as aiohttp would."""
@@ -366,21 +321,16 @@ async def _forward(request: web.Request, tap: Tap) -> web.StreamResponse:
     """
     app = request.app
     cfg = app[CONFIG_KEY]
-    need_token = not cfg.proxy.is_loopback
-    router = app[ROUTER_KEY]
-    user = None
+    off_loopback = not cfg.proxy.is_loopback
     try:
-        if router.active:
-            # A user's key authenticates as well as the control token; a front end's header does not
-            if router.header is not None and need_token and not has_bearer(request, cfg.proxy.control_token or ""):
-                raise Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`")
-            user = router.identify(request.headers)
-            need_token = True  # the key (or the front end's token) never goes upstream
-        elif need_token and not has_bearer(request, cfg.proxy.control_token or ""):
+        control_ok = not off_loopback or has_bearer(request, cfg.proxy.control_token or "")
+        caller = app[ADDONS_KEY].identify(request.headers, control_ok)
+        if caller is None and not control_ok:
             raise Unauthorized("this proxy needs `Authorization: Bearer <proxy.control_token>`")
     except Unauthorized as e:
         tap.refuse(e.status, e.message)
         return error_response(e)
+    user = caller.user if caller is not None else None
     if tap.flow.route is None:
         out = _not_forwarded(request)
         tap.refuse(out.status, "not forwarded")
@@ -390,7 +340,8 @@ async def _forward(request: web.Request, tap: Tap) -> web.StreamResponse:
               {k: v for k in RECORDED_HEADERS if (v := request.headers.get(k))}, user)
     end: _StreamEnd | None = None
     try:
-        resp, end = await _exchange(request, tap, need_token, user)
+        # the proxy's token or a user's key never goes upstream
+        resp, end = await _exchange(request, tap, off_loopback or caller is not None, user)
     except asyncio.CancelledError:  # the client hung up (server_options: handler_cancellation)
         tap.client_left("client disconnected" if tap.flow.start is not None
                         else "client disconnected while sending the body")
@@ -421,77 +372,45 @@ _INTERNAL = ClawproxyError("internal proxy error; see the clawproxy log")
 
 async def _exchange(request: web.Request, tap: Tap, drop_auth: bool,
                     user: str | None = None) -> tuple[web.StreamResponse, _StreamEnd | None]:
-    """Read the client's body, ask the upstream, relay its answer.
+    """Read the client's body, let the addons change the request, ask the upstream, relay its answer.
 
-    Two refusals are retried once each, with the whole error body in hand: an upstream that
-    refuses the token fields we add is asked again without them, and a vLLM that restarted
-    without our LoRA adapter gets it loaded again (``ModelRouter``).
+    A whole answer may have an addon ask again (``retry``), with the request as it changed it.
     """
     app = request.app
     cfg = app[CONFIG_KEY]
-    st = app[STATS_KEY]
+    addons = app[ADDONS_KEY]
     body = await wire.read_body(request, cfg.proxy.max_body_bytes, cfg.proxy.body_timeout_s)
     tap.body(body)
-    added = Added()
-    chat = tap.flow.chat
-    router = app[ROUTER_KEY] if chat else None
-    target = None
-    if chat:
+    obj = None
+    if tap.flow.chat:
         obj = wire.parse_chat_body(request, body)
         tap.chat_body(obj)
-        if router is not None:
-            body, target = router.route(obj, body, user)
-            tap.routed(target.version if target is not None else None)
-            if target is not None:
-                obj = {**obj, "model": target.model}  # the body prepare() writes keeps the routed model
-        # after routing, which rewrites the model: the instruction rides on the body sent upstream
-        body, served = app[TRYING_KEY].prepare(obj, body, request.headers, user)
-        if served is not None:
-            tap.served_under(served)
-        if cfg.proxy.record_tokens and not st.token_fields_refused:
-            added = Added(logprobs="logprobs" not in obj, token_ids="return_token_ids" not in obj)
-    elif user is not None and body and request.method == "POST":
-        body = app[ROUTER_KEY].guard(body, user)
-    retried_plain = rerouted = False
+    req = wire.Outgoing(request.method, request.path, request.headers, body, obj, user, drop_auth)
+    addons.rewrite(req)
     while True:
-        sent = wire.splice_fields(body, added.logprobs, added.token_ids) if added else body
-        up = await _ask(request, sent, tap, drop_auth)
-        # Only when the same request succeeds without our fields were they the problem; a 400
-        # about the client's own fields (say, top_logprobs out of range) must not turn token
-        # recording off for everyone.
-        if retried_plain and up.status < 400 and not st.token_fields_refused:
-            st.token_fields_refused = True
-            log.warning("the upstream refuses `logprobs`/`return_token_ids`; recording without "
-                        "token ids from now on (set proxy.record_tokens: false to silence this)")
+        tap.sending(req)
+        up = await _ask(request, req, tap)
+        addons.answered(req, up.status)
         if up.headers.get("Content-Type", "").startswith("text/event-stream"):
-            tap.response(up.status, wire.int_header(up.headers.get("x-weight-version")), True, added)
+            tap.response(up.status, wire.int_header(up.headers.get("x-weight-version")), True, req.added)
             return await _stream(request, up, tap)
         data = await _read_answer(request, up, tap)
-        if added and up.status == 400 and (b"return_token_ids" in data or b"logprobs" in data):
-            added, retried_plain = Added(), True
-            continue
-        if router is not None and not rerouted and router.lost(up.status, data, target):
-            assert target is not None
-            (body, target), rerouted = await router.recover(body, user, target), True
-            tap.routed(target.version if target is not None else None)
-            continue
-        break
-    tap.response(up.status, wire.int_header(up.headers.get("x-weight-version")), False, added)
-    data = tap.answer(data)
-    if not chat and user is not None and up.status == 200 and request.method == "GET" and request.path == "/v1/models":
-        data = app[ROUTER_KEY].visible_models(data, user)
+        if not await addons.retry(req, up.status, data):
+            break
+    tap.response(up.status, wire.int_header(up.headers.get("x-weight-version")), False, req.added)
+    data = addons.reply(req, up.status, tap.answer(data))
     return web.Response(status=up.status, body=data, headers=wire.end_to_end_headers(up.headers)), None
 
 
-async def _ask(request: web.Request, body: bytes, tap: Tap, drop_auth: bool) -> aiohttp.ClientResponse:
+async def _ask(request: web.Request, req: wire.Outgoing, tap: Tap) -> aiohttp.ClientResponse:
     """Send the request upstream; its response once the headers are in."""
     app = request.app
     url = URL((app[CONFIG_KEY].proxy.upstream or "") + request.raw_path, encoded=True)
+    body = req.payload()
     t0 = time.perf_counter()
     try:
         up = await app[UPSTREAM_KEY].request(
-            request.method, url, headers=wire.request_headers(
-                request.headers, drop_auth, app[CONFIG_KEY].engine.control_token if app[ROUTER_KEY].active else None),
+            request.method, url, headers=wire.request_headers(request.headers, req.drop_auth, req.upstream_token),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
             allow_redirects=False,
         )

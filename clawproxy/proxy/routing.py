@@ -3,8 +3,8 @@
 Users (clawproxy/users.py): with none in the store and no ``proxy.user_header``, every request is
 the one user's (``None``), as before users existed. Otherwise each request must name a user: by
 ``Authorization: Bearer <key>``, the key's keyed hash looked up in a map of the users table, or by
-the ``proxy.user_header`` a trusted front end sets. The map is read every ``POLL_S`` in a thread,
-never on the request path.
+the ``proxy.user_header`` a trusted front end sets. The map is read by the proxy's poller
+(``poller.py``), never on the request path.
 
 Adapters: vLLM answers 404 for an adapter's name until the adapter is loaded (``_check_model`` in
 ``vllm/entrypoints/serve/engine/serving.py``: "The model `clawproxy` does not exist"), and forgets
@@ -16,27 +16,37 @@ model. When the engine answers that the adapter does not exist (it restarted), t
 again under that name and retries the request once; if that fails the user gets the base model
 until the next publish. Adapter routing is active only for an engine that serves adapters by name
 (``EngineSpec.adapters_by_name``: vLLM, llama.cpp) with ``trainer.finetune: lora``.
+
+This is the one process that loads a lost adapter again: it sees the 404 first, on the request that
+needs the adapter, and runs whether or not the trainer does; the trainer only reports an adapter it
+finds lost (``trainer/checkpoints.py``'s ``ensure_engine_serves``).
+
+The router is an addon (``tap.py``'s hooks): ``identify`` the caller, ``rewrite`` the model a
+request names, ``retry`` once after a lost adapter, ``reply`` with the model list a user may see.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
-from aiohttp import web
 
 from clawproxy.config import Config
 from clawproxy.errors import ClawproxyError, Unauthorized
+from clawproxy.proxy.tap import Caller
+from clawproxy.proxy.wire import Outgoing
 from clawproxy.users import adapter_name, key_hash, secret
+
+if TYPE_CHECKING:
+    from clawproxy.store import Store
 
 log = logging.getLogger("clawproxy.proxy.routing")
 
-POLL_S = 1.0
 ADAPTER_NAME = adapter_name(None)  # EngineClient's default lora_name: the shared adapter
+_CONTROL = "this proxy needs `Authorization: Bearer <proxy.control_token>`"
 _FIX = ("ask the operator for a key (`clawproxy users add NAME`), then configure OpenClaw with "
         "`clawproxy openclaw-config --api-key KEY --write`")
 
@@ -67,28 +77,31 @@ class ModelRouter:
         self.secret: bytes | None = None
         self._broken: set[str] = set()  # adapter dirs vLLM would not load again: base until the next publish
         self._lock = asyncio.Lock()
-        self._store: Any = None
 
     @property
     def active(self) -> bool:
         """Whether requests must name a user (there are users, or a header names them)."""
         return self.has_users or self.header is not None
 
-    def identify(self, headers: Mapping[str, str]) -> str | None:
-        """The request's user (None: a proxy with no users); ``Unauthorized`` if it names none we know."""
+    def identify(self, headers: Mapping[str, str], control_ok: bool) -> Caller | None:
+        """The addon hook: the request's user when requests must name one (None: they need not);
+        ``Unauthorized`` if it names none we know. A user's key authenticates as well as the control
+        token; a front end's header does not."""
+        if not self.active:
+            return None
         if self.header is not None:
+            if not control_ok:
+                raise Unauthorized(_CONTROL)
             name = headers.get(self.header)
             if name is not None and name in self.names:
-                return name
+                return Caller(name)
             raise Unauthorized(f"no known user in the {self.header} header (proxy.user_header): "
                                "add them with `clawproxy users add NAME`")
-        if not self.has_users:
-            return None
         scheme, _, key = headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and key.strip() and self.secret is not None:
             name = self.keys.get(key_hash(self.secret, key.strip()))
             if name is not None:
-                return name
+                return Caller(name)
             raise Unauthorized(f"this API key is not known to clawproxy; {_FIX}")
         raise Unauthorized(f"this proxy has users: send your key as `Authorization: Bearer <key>`; {_FIX}")
 
@@ -101,40 +114,50 @@ class ModelRouter:
         return model is None or model == self.base or (isinstance(model, str) and (
             model == self.adapter or model.startswith(adapter_name("", self.adapter))))
 
-    def route(self, obj: dict[str, Any], body: bytes, user: str | None = None) -> tuple[bytes, Route | None]:
-        """``body`` with its model set to ``user``'s target when it names ours, and that target
-        (None: the body names another model and goes as it is)."""
+    def rewrite(self, req: Outgoing) -> None:
+        """The addon hook: a named caller's key is replaced by the engine's token upstream; a chat request naming ours goes to its user's target, and another request naming one of our
+        adapters to its user's (nobody reaches another user's adapter by its name)."""
+        if self.active:
+            req.upstream_token = self.cfg.engine.control_token
+        if req.chat:
+            self._route(req)
+        elif req.user is not None and req.raw and req.method == "POST" and self._names_adapter(req):
+            self._route(req)
+
+    def _names_adapter(self, req: Outgoing) -> bool:
+        if not self.adapters or self.adapter.encode() not in req.raw:
+            return False  # the bytes do not name it: the body stays unparsed
+        obj = req.json()
+        return obj is not None and obj.get("model") not in (None, self.base) and self._ours(obj.get("model"))
+
+    def _route(self, req: Outgoing) -> None:
+        """``req`` with its model set to its user's target when it names ours (the target noted for
+        ``retry``); one naming another model goes as it is."""
+        obj = req.json()
+        assert obj is not None
         requested = obj.get("model")
         if not self.adapters or not self._ours(requested):
-            return body, None
-        target = self.target(user)
-        if requested == target.model:
-            return body, target
-        return orjson.dumps({**obj, "model": target.model}), target
+            req.notes["route"] = None
+            req.routed_version = None
+            return
+        target = self.target(req.user)
+        req.notes["route"] = target
+        req.routed_version = target.version
+        if requested != target.model:
+            req.set("model", target.model)
 
-    def guard(self, body: bytes, user: str) -> bytes:
-        """A request other than chat (completions, responses) that names one of our adapters goes
-        to ``user``'s target: nobody reaches another user's adapter by its name."""
-        if not self.adapters or self.adapter.encode() not in body:
-            return body
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body
-        if not isinstance(obj, dict) or obj.get("model") in (None, self.base) or not self._ours(obj.get("model")):
-            return body
-        return self.route(obj, body, user)[0]
-
-    def visible_models(self, data: bytes, user: str) -> bytes:
-        """vLLM's model list as ``user`` may see it: other users' adapters (whose names are user
-        names) and the shared one, unless it serves them, are left out."""
+    def reply(self, req: Outgoing, status: int, data: bytes) -> bytes:
+        """The addon hook: vLLM's model list as the user may see it: other users' adapters (whose
+        names are user names) and the shared one, unless it serves them, are left out."""
+        if req.chat or req.user is None or status != 200 or req.method != "GET" or req.path != "/v1/models":
+            return data
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             return data
         if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
             return data
-        mine = {self.base, self.target(user).model}
+        mine = {self.base, self.target(req.user).model}
         kept = [m for m in obj["data"] if not (isinstance(m, dict) and self._ours(m.get("id"))
                                                 and m.get("id") not in mine)]
         return orjson.dumps({**obj, "data": kept})
@@ -144,9 +167,20 @@ class ModelRouter:
         return (status == 404 and target is not None and target.path is not None
                 and b"does not exist" in data and f"`{target.model}`".encode() in data)
 
-    async def recover(self, body: bytes, user: str | None, lost: Route) -> tuple[bytes, Route | None]:
-        """Load the lost adapter again (one request does it, the others wait for it); return
-        ``body`` routed again: to the adapter, or to the base model if the load failed."""
+    async def retry(self, req: Outgoing, status: int, data: bytes) -> bool:
+        """The addon hook: after vLLM's 404 for a lost adapter, load it again and route the
+        request again (once): to the adapter, or to the base model if the load failed."""
+        lost: Route | None = req.notes.get("route")
+        if not req.chat or "rerouted" in req.notes or lost is None or not self.lost(status, data, lost):
+            return False
+        req.notes["rerouted"] = True
+        await self.recover(req.user, lost)
+        self._route(req)
+        return True
+
+    async def recover(self, user: str | None, lost: Route) -> None:
+        """Load the lost adapter again (one request does it, the others wait for it); a failed
+        load sends its users to the base model until the next publish."""
         async with self._lock:
             if lost.path is not None and self.target(user) == lost:
                 try:
@@ -157,14 +191,13 @@ class ModelRouter:
                                 "until the next publish", lost.path, e.message)
                     self._broken.add(lost.path)
                     self.routes = {u: self._base if r.path == lost.path else r for u, r in self.routes.items()}
-        return self.route(orjson.loads(body), body, user)
 
     def _client(self) -> Any:
         from clawproxy.engine.client import EngineClient
 
         return EngineClient(self.cfg.engine_url, kind=self.cfg.engine.kind, token=self.cfg.engine.control_token)
 
-    def _route(self, row: dict[str, Any] | None, name: str) -> Route:
+    def _route_of(self, row: dict[str, Any] | None, name: str) -> Route:
         if row is None:
             return self._base
         if row["format"] != "lora":  # a full checkpoint is the base model's own weights
@@ -173,22 +206,17 @@ class ModelRouter:
             return self._base
         return Route(name, row["path"], int(row["version"]))
 
-    def refresh(self) -> None:
-        """Read the users and who is served what from the store (a thread: SQLite blocks);
-        the same choice as ``Store.adapter_for``, with one read of the shared adapter."""
-        from clawproxy.store import Store
-
-        if self._store is None:
-            self._store = Store(self.cfg.db_path)
-        store = self._store
+    def read(self, store: Store) -> None:
+        """The poller's read (a thread: SQLite blocks): the users and who is served what; the same
+        choice as ``Store.adapter_for``, with one read of the shared adapter."""
         users = store.user_keys()
         if users and self.secret is None:
             self.secret = secret(self.cfg.data_path)
-        shared = self._route(store.serving_checkpoint(), self.adapter)
+        shared = self._route_of(store.serving_checkpoint(), self.adapter)
         routes: dict[str | None, Route] = {None: shared}
         for u in users:
             own = store.serving_checkpoint(u["name"])
-            routes[u["name"]] = (self._route(own, adapter_name(u["name"], self.adapter)) if own is not None
+            routes[u["name"]] = (self._route_of(own, adapter_name(u["name"], self.adapter)) if own is not None
                                  else shared if u["shared"] else self._base)
         current = {r.path for r in routes.values()}
         self._broken &= current  # a new publish replaces a broken adapter
@@ -198,30 +226,10 @@ class ModelRouter:
         self.keys = {u["key_hash"]: u["name"] for u in users if u["key_hash"]}
         self.has_users = bool(users)
 
-    async def _poll(self) -> None:
-        while True:
-            try:
-                await asyncio.to_thread(self.refresh)
-            except Exception:  # a store hiccup must not end routing; the next poll tries again
-                log.exception("model router: reading the users and published adapters failed")
-            await asyncio.sleep(POLL_S)
-
-    async def ctx(self, app: web.Application) -> AsyncIterator[None]:
-        """cleanup_ctx: read once before serving, then poll in a named task owned here."""
-        try:
-            await asyncio.to_thread(self.refresh)
-        except Exception:  # a broken store must not stop the serving: the base model until it reads
-            log.exception("model router: reading the users and published adapters failed; "
-                          "serving the base model")
-            # A data dir that has had users refuses every key until the store reads: never open
-            self.has_users = await asyncio.to_thread(secret, self.cfg.data_path) is not None
-        task = asyncio.create_task(self._poll(), name="clawproxy-model-router")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if self._store is not None:
-            self._store.close()
+    def unreadable(self) -> None:
+        """The poller could not read the store before serving: the base model until it reads. A
+        data dir that has had users refuses every key until then: never open."""
+        self.has_users = secret(self.cfg.data_path) is not None
 
 
 def router_for(cfg: Config) -> ModelRouter:

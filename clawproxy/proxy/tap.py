@@ -7,8 +7,8 @@ and decides the outcome (``Outcome``) at the first event that ends the exchange;
 nothing, and nothing downstream works it out again. It never touches a socket, so it is tested by
 feeding it events (tests/proxy/test_tap.py).
 
-Features that watch traffic are addons (``addons.py``, listed in ``default_addons``) with named
-hooks, called in order:
+Every feature is an addon (``addons.py``, listed in ``default_addons``) with named hooks, each
+hook called on the addons in the list's order. Watching hooks:
 
 - ``request(flow)``: the client was admitted (its user known; a chat request has its capture);
 - ``response(flow)``: the upstream's status and headers are in;
@@ -16,7 +16,22 @@ hooks, called in order:
   goes out (the recorder journals the turn here, so a turn the client saw finish is on disk);
 - ``done(flow)``: the last byte went out, or the client left.
 
-A hook that raises is logged with its traceback and skipped; the request goes on.
+A watching hook that raises is logged with its traceback and skipped; the request goes on.
+
+Hooks of the features that change a request (routing, trying, the token fields), over the request
+that goes upstream (``wire.Outgoing``: its body parsed once, serialized once per upstream request):
+
+- ``identify(headers, control_ok)``: who asks; the first addon that answers a ``Caller`` decides,
+  and raises ``Unauthorized`` to refuse (``control_ok``: the caller showed the control token, or
+  needs none);
+- ``rewrite(req)``: change the request before it first goes upstream;
+- ``answered(req, status)``: the upstream's status is in (every try, a stream's too);
+- ``retry(req, status, data)`` (async): a whole answer is in; True asks again with ``req`` as the
+  addon changed it (the first addon that says True wins; each retries at most once by its own note);
+- ``reply(req, status, data)``: a whole answer's bytes for the client.
+
+A changing hook that raises fails its own request (500): a request sent half-changed could reach
+another user's adapter. It never affects another request.
 """
 
 from __future__ import annotations
@@ -26,11 +41,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import orjson
 
 from clawproxy.proxy.sse import Added, Assembled, StreamTap, assemble_obj, strip_obj
+
+if TYPE_CHECKING:
+    from multidict import CIMultiDictProxy
+
+    from clawproxy.proxy.wire import Outgoing
 
 log = logging.getLogger("clawproxy.proxy")
 
@@ -124,11 +144,17 @@ class Addon(Protocol):
     """Any subset of the hooks; a missing one is skipped (see the module docstring)."""
 
 
-HOOKS = ("request", "response", "outcome", "done")
+class Caller(NamedTuple):
+    """Who asks, as an ``identify`` hook found them (None: a proxy with no users)."""
+
+    user: str | None
+
+
+HOOKS = ("request", "response", "outcome", "done", "identify", "rewrite", "answered", "retry", "reply")
 
 
 class Addons:
-    """The addons' hooks, looked up once; ``call`` isolates each hook's failure."""
+    """The addons' hooks, looked up once; ``call`` isolates each watching hook's failure."""
 
     def __init__(self, addons: Sequence[object]):
         self.addons = list(addons)
@@ -142,6 +168,31 @@ class Addons:
             except Exception:  # a watcher's bug never fails the user's request
                 log.exception("addon hook %s failed on %s %s; the request goes on",
                               getattr(fn, "__qualname__", hook), flow.method, flow.path)
+
+    def identify(self, headers: CIMultiDictProxy[str], control_ok: bool) -> Caller | None:
+        for fn in self._hooks["identify"]:
+            if (caller := fn(headers, control_ok)) is not None:
+                return caller
+        return None
+
+    def rewrite(self, req: Outgoing) -> None:
+        for fn in self._hooks["rewrite"]:
+            fn(req)
+
+    def answered(self, req: Outgoing, status: int) -> None:
+        for fn in self._hooks["answered"]:
+            fn(req, status)
+
+    async def retry(self, req: Outgoing, status: int, data: bytes) -> bool:
+        for fn in self._hooks["retry"]:
+            if await fn(req, status, data):
+                return True
+        return False
+
+    def reply(self, req: Outgoing, status: int, data: bytes) -> bytes:
+        for fn in self._hooks["reply"]:
+            data = fn(req, status, data)
+        return data
 
 
 class Tap:
@@ -185,14 +236,11 @@ class Tap:
         if self.flow.capture is not None:
             self.flow.capture.body = parsed
 
-    def routed(self, version: int | None) -> None:
+    def sending(self, req: Outgoing) -> None:
+        """The request goes upstream as the addons changed it: where it was routed, what it was served under."""
         if self.flow.capture is not None:
-            self.flow.capture.routed_version = version
-
-    def served_under(self, served: Any) -> None:
-        """The instruction the upstream got on top of the client's body (``trying.Served``)."""
-        if self.flow.capture is not None:
-            self.flow.capture.served = served
+            self.flow.capture.routed_version = req.routed_version
+            self.flow.capture.served = req.served
 
     def waited(self, seconds: float) -> None:
         """Time spent waiting on the upstream (connect, headers, a read)."""

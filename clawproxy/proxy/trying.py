@@ -13,31 +13,27 @@ served under.
 Never tried: ``x-clawproxy-learn: off`` traffic, side requests, a request answering a tool's
 result, a user who turned it off (``clawproxy users trying NAME off``), or anyone with
 ``trying.enabled: false``; each user's tries are bounded by ``trying.max_share`` and
-``trying.max_tries``. The state is read from the store every ``POLL_S`` in a thread, never on the
-request path; a request decides in memory.
+``trying.max_tries``. The state is read by the proxy's poller (``poller.py``), never on the request
+path; a request decides in memory. ``Trying`` is an addon: its ``rewrite`` hook runs after routing's
+(``addons.default_addons``), so the instruction rides on the routed model.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import orjson
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from clawproxy.config import Config
 from clawproxy.instruct import add_hint
 from clawproxy.proxy.sessions import classify
+from clawproxy.proxy.wire import Outgoing
 from clawproxy.store.lifecycle import LEARN_HEADER
 
-log = logging.getLogger("clawproxy.proxy.trying")
+if TYPE_CHECKING:
+    from clawproxy.store import Store
 
-POLL_S = 1.0
 SHARE_HORIZON = 36  # tries may come early: a budget of max_share over this many turns from the start
 
 
@@ -82,12 +78,10 @@ class Trying:
     """Chooses each eligible request's instruction from the polled plans (module docstring)."""
 
     def __init__(self, cfg: Config, rng: random.Random | None = None):
-        self.cfg = cfg
         self.tcfg = cfg.trying
         self.plans: dict[str | None, UserPlan] = {}
         self.rng = rng or random.Random()
         self.pulled: set[int] = set()  # candidates this process has served a try of
-        self._store: Any = None
 
     def budget_left(self, plan: UserPlan) -> bool:
         t = self.tcfg
@@ -127,29 +121,25 @@ class Trying:
         return Served(text=" ".join(_sentence(x) for x in texts), tried=int(tried["id"]) if tried else None,
                       applied=tuple(int(p["id"]) for p in applied), role="try" if tried else "apply")
 
-    def prepare(self, obj: dict[str, Any], body: bytes, headers: Mapping[str, str],
-                user: str | None) -> tuple[bytes, Served | None]:
-        """``body`` with this user's instruction in its last user message, and what it was; the
-        body unchanged and None when nothing applies."""
-        plan = self.plans.get(user)
-        if plan is None or not eligible(obj, headers):
-            return body, None
+    def rewrite(self, req: Outgoing) -> None:
+        """The addon hook: this user's instruction in the last user message of an eligible chat
+        request, and what it was on ``req.served``; nothing when nothing applies."""
+        obj = req.obj
+        plan = self.plans.get(req.user)
+        if not req.chat or obj is None or plan is None or not eligible(obj, req.headers):
+            return
         plan.turns += 1  # counted now: the next poll would be a second late for a burst
-        served = self.choose(user)
+        served = self.choose(req.user)
         if served is None:
-            return body, None
+            return
         if served.tried is not None:
             plan.tried += 1
-        new = {**obj, "messages": add_hint(obj["messages"], served.text)}
-        return orjson.dumps(new), served
+        req.set("messages", add_hint(obj["messages"], served.text))
+        req.served = served
 
-    def refresh(self) -> None:
-        """Read every user's preferences, candidates and recent verdicts (a thread: SQLite blocks)."""
-        from clawproxy.store import Store
-
-        if self._store is None:
-            self._store = Store(self.cfg.db_path)
-        store = self._store
+    def read(self, store: Store) -> None:
+        """The poller's read (a thread: SQLite blocks): every user's preferences, candidates and
+        recent verdicts."""
         plans: dict[str | None, UserPlan] = {}
         for row in store.serving_preferences():
             plan = plans.setdefault(row["user"], UserPlan())
@@ -164,24 +154,6 @@ class Trying:
             plan.turns, plan.tried = int(counts["turns"]), int(counts["counted"])
             plan.off = user in off
         self.plans = plans
-
-    async def _poll(self) -> None:
-        while True:
-            try:
-                await asyncio.to_thread(self.refresh)
-            except Exception:  # a store hiccup must not end trying; the next poll reads again
-                log.exception("trying: reading the users' candidates failed")
-            await asyncio.sleep(POLL_S)
-
-    async def ctx(self, app: web.Application) -> AsyncIterator[None]:
-        """cleanup_ctx: poll in a named task owned here (nothing is tried before the first read)."""
-        task = asyncio.create_task(self._poll(), name="clawproxy-trying")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if self._store is not None:
-            self._store.close()
 
 
 def _sentence(text: str) -> str:

@@ -1,5 +1,6 @@
 """What the proxy reads from and writes to the wire: request bodies (bounded, decompressed,
-validated) and headers (hop-by-hop dropped), kept apart from the forwarding in ``app.py``."""
+validated), the body that goes upstream (``Outgoing``: parsed once, changed by the addons,
+serialized once) and headers (hop-by-hop dropped), kept apart from the forwarding in ``app.py``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from clawproxy.errors import RequestError
+from clawproxy.proxy.sse import Added
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus what aiohttp recomputes (length, encoding, host).
 HOP_BY_HOP = frozenset({
@@ -47,17 +49,86 @@ def end_to_end_headers(h: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return out
 
 
-def splice_fields(body: bytes, logprobs: bool, token_ids: bool) -> bytes:
-    """Add ``"logprobs":true`` / ``"return_token_ids":true`` without re-serializing the body."""
-    fields = []
-    if logprobs:
-        fields.append(b'"logprobs":true')
-    if token_ids:
-        fields.append(b'"return_token_ids":true')
+def splice_fields(body: bytes, fields: dict[str, Any]) -> bytes:
+    """``body`` (a JSON object) with new top-level ``fields`` written in, without re-serializing it."""
+    added = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in fields.items())
     i = body.index(b"{") + 1
     rest = body[i:]
     sep = b"" if rest.lstrip().startswith(b"}") else b","
-    return body[:i] + b",".join(fields) + sep + rest
+    return body[:i] + added + sep + rest
+
+
+class Outgoing:
+    """The request as it goes upstream; the rewriting addons change it (``tap.py``'s hooks).
+
+    ``obj`` is the chat body, parsed once (``parse_chat_body``); another body is parsed only if an
+    addon asks (``json``). Addons replace top-level fields through ``set``/``unset``, never change
+    a value in place: the turn records the client's body, which shares the nested values.
+    ``payload`` serializes once per upstream request: the client's bytes when nothing changed, its
+    bytes with the new fields spliced in when only new fields were added (the common case: the
+    token fields), else the whole object.
+    """
+
+    __slots__ = ("_new", "_obj", "_old", "_parsed", "added", "chat", "drop_auth", "headers", "method",
+                 "notes", "path", "raw", "routed_version", "served", "upstream_token", "user")
+
+    def __init__(self, method: str, path: str, headers: CIMultiDictProxy[str], raw: bytes,
+                 obj: dict[str, Any] | None, user: str | None, drop_auth: bool):
+        self.method, self.path, self.headers, self.raw, self.user = method, path, headers, raw, user
+        self.chat = obj is not None  # a chat completion, its body parsed and valid
+        self._obj: dict[str, Any] | None = dict(obj) if obj is not None else None
+        self._parsed = obj is not None
+        self._new: dict[str, None] = {}  # top-level fields the client did not send, in order
+        self._old = False  # a field the client sent was replaced or removed
+        self.drop_auth = drop_auth  # the client's Authorization is not the upstream's
+        self.upstream_token: str | None = None  # sent as the upstream's bearer token instead
+        self.added = Added()  # the token fields asked for: stripped from the answer (``tap.py``)
+        self.routed_version: int | None = None  # the weight version the request was routed to
+        self.served: Any = None  # the instruction it was served under (``trying.Served``)
+        self.notes: dict[str, Any] = {}  # each addon's own state for this request, by its name
+
+    @property
+    def obj(self) -> dict[str, Any] | None:
+        """The chat body (None for another request until ``json`` parsed it)."""
+        return self._obj
+
+    def json(self) -> dict[str, Any] | None:
+        """The body as a JSON object (parsed at most once), or None if it is not one."""
+        if not self._parsed:
+            self._parsed = True
+            try:
+                obj = orjson.loads(self.raw) if self.raw else None
+            except orjson.JSONDecodeError:
+                obj = None
+            self._obj = obj if isinstance(obj, dict) else None
+        return self._obj
+
+    def set(self, key: str, value: Any) -> None:
+        obj = self.json()
+        assert obj is not None, "set() on a body that is not a JSON object"
+        if key in obj and key not in self._new:
+            self._old = True
+        else:
+            self._new[key] = None
+        obj[key] = value
+
+    def unset(self, key: str) -> None:
+        obj = self.json()
+        if obj is None or key not in obj:
+            return
+        del obj[key]
+        if key in self._new:
+            del self._new[key]
+        else:
+            self._old = True
+
+    def payload(self) -> bytes:
+        """The body to send upstream now."""
+        if self._obj is None or not (self._old or self._new):
+            return self.raw
+        if not self._old:
+            return splice_fields(self.raw, {k: self._obj[k] for k in self._new})
+        return orjson.dumps(self._obj)
 
 
 def parse_chat_body(request: web.Request, body: bytes) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from clawproxy.cli import main
-from clawproxy.proxy.app import ROUTER_KEY
+from clawproxy.proxy.app import POLLER_KEY
 from tests.engine.test_vllm_contract import write_adapter
 from tests.fakes.fake_vllm import CALLS, STATE, create_fake_vllm
 
@@ -50,7 +50,7 @@ async def test_add_list_share_remove(setup, tmp_path):
     assert "exists" in out and "users remove alice" in out
     assert "use 1-32 lower-case" in await _cli(config, rig, "users", "add", "Al/ice", ok=False)
 
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     for name in ("alice", "bob"):
         status, _, body = await rig.chat(ASK, {"Authorization": f"Bearer {keys[name]}", "x-session-id": "main"})
         assert status == 200, body
@@ -80,7 +80,7 @@ async def test_add_list_share_remove(setup, tmp_path):
     assert [s["id"] for s in sessions] == ["bob/main"]
 
     app[STATE]["loras"]["clawproxy-u-bob"] = str(dirs["bob"])
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     for name in ("alice", "bob"):
         again = {**ASK, "messages": [{"role": "user", "content": "hi again"}]}  # not a retry of the first
         assert (await rig.chat(again, {"Authorization": f"Bearer {keys[name]}", "x-session-id": "main"}))[0] == 200

@@ -224,7 +224,7 @@ def test_trainer_step_publishes_into_real_vllm(server, tmp_path, finetune):
 async def restarted(server, make_rig):
     """A proxy that routes to an adapter vLLM had loaded, then vLLM restarted: in a fixture, as the
     other server starts are, because a restart alone can take over the 120 s a test body gets here."""
-    from clawproxy.proxy.app import ROUTER_KEY
+    from clawproxy.proxy.app import POLLER_KEY
     from clawproxy.store import Store
 
     srv, target = server
@@ -236,7 +236,7 @@ async def restarted(server, make_rig):
                                  "created_at": 0.0, "status": "published"})
     store.close()
     await asyncio.to_thread(target.client().load_weights, str(target.adapter), 1, True)
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     await asyncio.to_thread(srv.restart)
     return rig, target
 

@@ -7,12 +7,12 @@ import asyncio
 
 
 async def test_the_sessions_page_shows_one_users_sessions(make_rig):
-    from clawproxy.proxy.app import ROUTER_KEY
+    from clawproxy.proxy.app import POLLER_KEY
     from tests.proxy.test_users import _add_users, _bearer
 
     rig = await make_rig()
     keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     for name in keys:
         status, _, _ = await rig.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
                                       {**_bearer(keys[name]), "session_id": "main"})

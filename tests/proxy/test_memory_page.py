@@ -11,12 +11,12 @@ from judge.worker import Worker
 
 
 async def test_the_memory_page_shows_one_users_reactions_and_the_overview_counts_abstentions(make_rig):
-    from clawproxy.proxy.app import ROUTER_KEY
+    from clawproxy.proxy.app import POLLER_KEY
     from tests.proxy.test_users import _add_users, _bearer
 
     rig = await make_rig()
     keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     said = {"alice": "<b>way</b> too long, three bullet points please", "bob": "perfect, thank you!"}
     for name, key in keys.items():
         history = [{"role": "user", "content": "summarize the report"}]
@@ -48,13 +48,13 @@ async def test_the_memory_page_shows_one_users_reactions_and_the_overview_counts
 
 async def test_the_memory_page_shows_what_trying_found_for_that_user_only(make_rig):
     from clawproxy.config import TryingConfig
-    from clawproxy.proxy.app import ROUTER_KEY
+    from clawproxy.proxy.app import POLLER_KEY
     from judge.trying import Trier
     from tests.proxy.test_users import _add_users, _bearer
 
     rig = await make_rig()
     keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     said = {"alice": "<i>far</i> too wordy, trim it", "bob": "perfect, thank you!"}
     for name, key in keys.items():
         history = [{"role": "user", "content": "summarize the report"}]

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from clawproxy.proxy.app import ROUTER_KEY
+from clawproxy.proxy.app import POLLER_KEY
 from clawproxy.store import Store
 from tests.engine.test_vllm_contract import write_adapter
 from tests.fakes.fake_vllm import CALLS, STATE, create_fake_vllm, restart
@@ -38,7 +38,7 @@ async def _publish(rig, app, adapter) -> None:
     store.insert("checkpoints", {"version": 1, "path": str(adapter), "kind": "lora", "created_at": 0.0,
                                  "status": "published"})
     store.close()
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)  # the poll would, within a second
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)  # the poll would, within a second
 
 
 async def test_base_model_until_the_first_adapter_then_the_adapter(routed):
@@ -106,14 +106,13 @@ async def test_an_instructed_request_still_goes_to_the_adapter(routed):
     """Learning by trying rewrites the body after routing: the instruction rides on the routed
     model, not on the base model the client named."""
     from clawproxy.instruct import HINT_TEMPLATE
-    from clawproxy.proxy.app import TRYING_KEY
 
     rig, app, adapter = routed
     await _publish(rig, app, adapter)
     store = Store(rig.cfg.db_path)
     store.add_preference(None, "Answer in one sentence", "manual", status="active")
     store.close()
-    await asyncio.to_thread(rig.app[TRYING_KEY].refresh)  # the poll would, within a second
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)  # the poll would, within a second
     status, _, body = await rig.chat(ASK)
     assert status == 200, body
     sent = [b for m, p, b in app[CALLS] if p == "/v1/chat/completions"][-1]

@@ -8,11 +8,13 @@ import asyncio
 import random
 
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from clawproxy.config import Config
 from clawproxy.instruct import HINT_TEMPLATE
-from clawproxy.proxy.app import TRYING_KEY
-from clawproxy.proxy.trying import Trying, UserPlan, eligible
+from clawproxy.proxy.app import POLLER_KEY
+from clawproxy.proxy.trying import Served, Trying, UserPlan, eligible
+from clawproxy.proxy.wire import Outgoing
 from clawproxy.store import Store
 
 ASK = {"model": "m", "messages": [{"role": "system", "content": "You are helpful."},
@@ -22,6 +24,13 @@ ASK = {"model": "m", "messages": [{"role": "system", "content": "You are helpful
 def _cand(i: int, good: int = 0, bad: int = 0, prior: float = 0.5, text: str | None = None) -> dict:
     return {"id": i, "text": text or f"Instruction {i}.", "status": "candidate", "prior": prior,
             "good": good, "bad": bad, "tries": good + bad, "absorbed": 0}
+
+
+def _prepare(t: Trying, obj: dict, body: bytes, headers: dict, user: str | None) -> tuple[bytes, Served | None]:
+    """The trying addon's rewrite alone: the body that would go upstream, and what it was served under."""
+    req = Outgoing("POST", "/v1/chat/completions", CIMultiDictProxy(CIMultiDict(headers)), body, obj, user, False)
+    t.rewrite(req)
+    return req.payload(), req.served
 
 
 def _trying(**trying) -> Trying:
@@ -34,7 +43,7 @@ def _trying(**trying) -> Trying:
 def test_an_unhappy_user_is_tried_and_the_instruction_goes_after_their_last_message():
     t = _trying()
     t.plans = {None: UserPlan(candidates=[_cand(1)], unhappy=True)}
-    body, served = t.prepare(ASK, b"{}", {}, None)
+    body, served = _prepare(t, ASK, b"{}", {}, None)
     assert served is not None and served.role == "try" and served.tried == 1 and served.applied == ()
     import orjson
 
@@ -49,11 +58,11 @@ def test_a_happy_user_gets_their_active_preference_and_no_try():
     t = _trying()
     active = {**_cand(5, text="Use bullet points"), "status": "active"}
     t.plans = {"ann": UserPlan(active=[active], candidates=[_cand(1)], unhappy=False)}
-    _, served = t.prepare(ASK, b"{}", {}, "ann")
+    _, served = _prepare(t, ASK, b"{}", {}, "ann")
     assert served is not None and (served.role, served.tried, served.applied) == ("apply", None, (5,))
     assert served.text == "Use bullet points."
     t.plans["ann"].unhappy = True
-    _, served = t.prepare(ASK, b"{}", {}, "ann")
+    _, served = _prepare(t, ASK, b"{}", {}, "ann")
     assert served is not None and served.role == "try" and served.text == "Use bullet points. Instruction 1."
 
 
@@ -62,24 +71,24 @@ def test_a_happy_user_gets_their_active_preference_and_no_try():
 def test_where_an_active_preference_acts(apply, absorbed, in_prompt):
     t = _trying(apply=apply)
     t.plans = {None: UserPlan(active=[{**_cand(5), "status": "active", "absorbed": absorbed}])}
-    _, served = t.prepare(ASK, b"{}", {}, None)
+    _, served = _prepare(t, ASK, b"{}", {}, None)
     assert (served is not None) == in_prompt
 
 
 def test_nothing_is_tried_without_a_plan_when_off_or_past_the_budget():
     t = _trying()
-    assert t.prepare(ASK, b"{}", {}, "nobody") == (b"{}", None)
+    assert _prepare(t, ASK, b"{}", {}, "nobody") == (b"{}", None)
     t.plans = {None: UserPlan(candidates=[_cand(1)], unhappy=True, off=True)}
-    assert t.prepare(ASK, b"{}", {}, None)[1] is None
+    assert _prepare(t, ASK, b"{}", {}, None)[1] is None
     t.plans = {None: UserPlan(candidates=[_cand(1)], unhappy=True, turns=100, tried=34)}
-    assert t.prepare(ASK, b"{}", {}, None)[1] is None  # 35 of 101 would pass max_share 0.34
+    assert _prepare(t, ASK, b"{}", {}, None)[1] is None  # 35 of 101 would pass max_share 0.34
     t.plans = {None: UserPlan(candidates=[_cand(1)], unhappy=True, turns=3, tried=12)}
-    assert t.prepare(ASK, b"{}", {}, None)[1] is None  # the early budget: 0.34 of 36 turns
+    assert _prepare(t, ASK, b"{}", {}, None)[1] is None  # the early budget: 0.34 of 36 turns
     t.plans = {None: UserPlan(candidates=[_cand(1)], unhappy=True, turns=3, tried=11)}
-    assert t.prepare(ASK, b"{}", {}, None)[1] is not None
+    assert _prepare(t, ASK, b"{}", {}, None)[1] is not None
     t = _trying(enabled=False)
     t.plans = {None: UserPlan(candidates=[_cand(1)], unhappy=True)}
-    assert t.prepare(ASK, b"{}", {}, None)[1] is None
+    assert _prepare(t, ASK, b"{}", {}, None)[1] is None
 
 
 def test_never_on_learn_off_side_requests_or_a_tools_result():
@@ -118,7 +127,7 @@ async def test_through_the_proxy_the_upstream_sees_the_instruction_and_the_turn_
     store = Store(rig.cfg.db_path)
     pid = store.add_preference(None, "Answer in one sentence", "manual", status="active")
     store.close()
-    await asyncio.to_thread(rig.app[TRYING_KEY].refresh)  # the poll would, within a second
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)  # the poll would, within a second
     status, _, body = await rig.chat({**ASK, "max_tokens": 4})
     assert status == 200, body
     sent = [r.body for r in rig.fake.received if r.path == "/v1/chat/completions"][-1]
@@ -142,22 +151,20 @@ def test_the_poll_tries_until_a_preference_is_found_then_only_after_a_complaint(
     store = Store(cfg.db_path)
     t = Trying(cfg)
     try:
-        t.refresh()
+        t.read(store)
         assert t.plans == {}  # nobody complained: nothing to try
         store.add_preference(None, "Be brief.", "bank", shortlisted=True)
-        t.refresh()
-        assert t.plans[None].unhappy and t.prepare(ASK, b"{}", {}, None)[1] is not None
+        t.read(store)
+        assert t.plans[None].unhappy and _prepare(t, ASK, b"{}", {}, None)[1] is not None
         store.add_preference(None, "Use bullet points.", "manual", status="active")
         turn = insert_turn(store, prompt_ids=[1], completion_ids=[2], score=1)
-        t.refresh()
-        assert not t.plans[None].unhappy and t.prepare(ASK, b"{}", {}, None)[1].role == "apply"
+        t.read(store)
+        assert not t.plans[None].unhappy and _prepare(t, ASK, b"{}", {}, None)[1].role == "apply"
         store.execute("UPDATE judgments SET score = 0, majority = -1 WHERE turn_id = ?", (turn,))
-        t.refresh()  # the judge abstained, but its majority complained
-        assert t.plans[None].unhappy and t.prepare(ASK, b"{}", {}, None)[1].role == "try"
+        t.read(store)  # the judge abstained, but its majority complained
+        assert t.plans[None].unhappy and _prepare(t, ASK, b"{}", {}, None)[1].role == "try"
     finally:
         store.close()
-        if t._store is not None:
-            t._store.close()
 
 
 def test_a_try_never_answered_is_given_back_to_the_budget(tmp_path):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from clawproxy.proxy.app import ROUTER_KEY
+from clawproxy.proxy.app import POLLER_KEY
 from clawproxy.store import Store
 from clawproxy.users import key_hash, new_key, secret
 from tests.engine.test_vllm_contract import write_adapter
@@ -63,7 +63,7 @@ async def test_each_user_gets_their_own_adapter_the_shared_one_or_the_base_model
     _publish(rig.cfg, app, 1, None, write_adapter(tmp_path / "shared"))
     _publish(rig.cfg, app, 2, "alice", write_adapter(tmp_path / "alice"))
     _publish(rig.cfg, app, 3, "bob", write_adapter(tmp_path / "bob"))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)  # the poll would, within a second
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)  # the poll would, within a second
     for name in ("alice", "bob", "carol", "dave"):
         status, _, body = await rig.chat(ASK, _bearer(keys[name]))
         assert status == 200, body
@@ -83,7 +83,7 @@ async def test_a_user_adapter_lost_by_a_restart_is_loaded_again_under_its_name(v
     keys = _add_users(rig.cfg, ("alice", False))
     path = write_adapter(tmp_path / "alice")
     _publish(rig.cfg, app, 1, "alice", path)
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     restart(app)
     status, _, body = await rig.chat(ASK, _bearer(keys["alice"]))
     assert status == 200, body
@@ -96,7 +96,7 @@ async def test_a_user_adapter_lost_by_a_restart_is_loaded_again_under_its_name(v
 async def test_unknown_or_missing_key_is_a_401_in_openai_json(make_rig, headers):
     rig = await make_rig()
     _add_users(rig.cfg, ("alice", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     status, h, body = await rig.chat(ASK, headers)
     assert status == 401 and h["WWW-Authenticate"] == "Bearer"
     err = json.loads(body)["error"]
@@ -108,7 +108,7 @@ async def test_unknown_or_missing_key_is_a_401_in_openai_json(make_rig, headers)
 async def test_the_key_reaches_neither_the_upstream_nor_the_store(make_rig):
     rig = await make_rig()
     keys = _add_users(rig.cfg, ("alice", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     status, _, body = await rig.chat({**ASK, "stream": True}, _bearer(keys["alice"]))
     assert status == 200, body
     async with rig.client.get(rig.url + "/v1/models", headers=_bearer(keys["alice"])) as r:
@@ -125,7 +125,7 @@ async def test_the_key_reaches_neither_the_upstream_nor_the_store(make_rig):
 async def test_same_session_id_from_two_users_is_two_sessions(make_rig):
     rig = await make_rig()
     keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     for name in ("alice", "bob"):
         status, _, _ = await rig.chat(ASK, {**_bearer(keys[name]), "x-session-id": "main"})
         assert status == 200
@@ -143,7 +143,7 @@ async def test_content_never_links_turns_of_two_users(make_rig):
     it repeats; the same words from another user start their own session."""
     rig = await make_rig()
     keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     first = {"model": MODEL, "messages": [{"role": "user", "content": "what is 2+2?"}]}
     assert (await rig.chat(first, _bearer(keys["alice"])))[0] == 200
     await rig.wait_recorded(1)
@@ -163,7 +163,7 @@ async def test_content_never_links_turns_of_two_users(make_rig):
 async def test_a_trusted_header_names_the_user(make_rig):
     rig = await make_rig(**{"proxy.user_header": "X-Forwarded-User"})
     _add_users(rig.cfg, ("alice", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     assert (await rig.chat(ASK, {"X-Forwarded-User": "alice"}))[0] == 200
     status, _, body = await rig.chat(ASK, {"X-Forwarded-User": "mallory"})
     assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
@@ -175,7 +175,7 @@ async def test_a_trusted_header_names_the_user(make_rig):
 async def test_off_loopback_a_user_key_opens_v1_but_not_the_control_routes(make_rig):
     rig = await make_rig(**{"proxy.host": "0.0.0.0", "proxy.control_token": "ctl"})
     keys = _add_users(rig.cfg, ("alice", False))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     assert (await rig.chat(ASK, _bearer(keys["alice"])))[0] == 200
     async with rig.client.get(rig.url + "/clawproxy/stats", headers=_bearer(keys["alice"])) as r:
         assert r.status == 401
@@ -197,7 +197,7 @@ async def test_no_route_reaches_another_users_adapter_by_its_name(vllm_rig, tmp_
     keys = _add_users(rig.cfg, ("alice", False), ("bob", False))
     _publish(rig.cfg, app, 1, "alice", write_adapter(tmp_path / "alice"))
     _publish(rig.cfg, app, 2, "bob", write_adapter(tmp_path / "bob"))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     for model in ("clawproxy-u-bob", "clawproxy", MODEL):
         async with rig.client.post(rig.url + "/v1/completions", json={"model": model, "prompt": "hi"},
                                    headers=_bearer(keys["alice"])):
@@ -211,7 +211,7 @@ async def test_the_model_list_shows_a_user_only_what_serves_them(vllm_rig, tmp_p
     keys = _add_users(rig.cfg, ("alice", False), ("bob", True), ("carol", False))
     _publish(rig.cfg, app, 1, None, write_adapter(tmp_path / "shared"))
     _publish(rig.cfg, app, 2, "alice", write_adapter(tmp_path / "alice"))
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     seen = {}
     for name in ("alice", "bob", "carol"):
         async with rig.client.get(rig.url + "/v1/models", headers=_bearer(keys[name])) as r:

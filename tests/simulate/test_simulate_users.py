@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from clawproxy.proxy.app import ROUTER_KEY
+from clawproxy.proxy.app import POLLER_KEY
 from clawproxy.simulate.cli import simulate as simulate_cmd
 from clawproxy.simulate.multi import add_users, cross_personas, simulate_users
 from clawproxy.simulate.personas import PREFERENCES
@@ -54,7 +54,7 @@ async def test_each_user_is_recorded_measured_on_their_adapter_and_crossed(aioht
     rig = await make_rig(upstream=vllm_url, **{"engine.kind": "vllm", "engine.model": MODEL,
                                                 "trainer.finetune": "lora"})
     users = add_users(rig.cfg.data_path, PERSONAS)
-    await asyncio.to_thread(rig.app[ROUTER_KEY].refresh)
+    await asyncio.to_thread(rig.app[POLLER_KEY].once)
     adapter = write_adapter(tmp_path / "u1")
 
     def publish_u1_once(user, it) -> None:

@@ -1,6 +1,7 @@
 """The whole publish cycle against the fake vLLM 0.33: trainer checkpoint -> gate -> validate ->
 vLLM reload, for full fine-tuning and LoRA, and each way it fails (a reload that loses the
-weights, an adapter vLLM refuses, a checkpoint cut short, a restarted vLLM)."""
+weights, an adapter vLLM refuses, a checkpoint cut short, a restarted vLLM: its full weights the
+trainer reloads, a lost adapter it only reports, for the proxy loads it back)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,11 @@ def test_lora_publish_and_refused_adapter_is_not_retried(rig, tiny_model_dir, vl
     assert app[STATE]["loras"] == {"clawproxy": v1}  # vLLM still serves v1
     assert _untrained(store) == 0 and tr.run(steps=1) == []  # used up, not retried forever
 
-    restart(app)  # the restarted vLLM lost the adapter; the trainer's sync loads it again
-    assert ensure_engine_serves(store, engine, tr.base_dir)
-    assert app[STATE]["loras"] == {"clawproxy": v1}
+    loads = len(_calls(app, "/v1/load_lora_adapter"))
+    restart(app)  # the restarted vLLM lost the adapter: the trainer reports it, the proxy loads it back
+    assert not ensure_engine_serves(store, engine, tr.base_dir)  # (tests/proxy/test_proxy_routing.py)
+    assert app[STATE]["loras"] == {} and len(_calls(app, "/v1/load_lora_adapter")) == loads
+    lost = {"adapter": "clawproxy", "path": v1, "version": 1}
+    assert [e["data"] for e in store.events_of("lost")] == [lost]
+    assert not ensure_engine_serves(store, engine, tr.base_dir)
+    assert [e["data"] for e in store.events_of("lost")] == [lost]  # once per version lost, not per poll
