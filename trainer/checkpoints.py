@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawproxy.convert import write_dir_atomically
 from clawproxy.engine.client import TRANSIENT
-from clawproxy.engine.convert import write_dir_atomically
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from clawproxy.users import adapter_name

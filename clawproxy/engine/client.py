@@ -51,7 +51,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Literal
 
-from clawproxy.engine.spec import EngineSpec, engine_spec
+from clawproxy.engine_spec import EngineSpec, engine_spec
 from clawproxy.errors import EngineError
 from clawproxy.httpjson import request_json, strip_v1
 
@@ -115,7 +115,7 @@ class EngineClient:
 
     @property
     def spec(self) -> EngineSpec:
-        """What this engine can do (``clawproxy/engine/spec.py``): callers ask it, not ``kind``."""
+        """What this engine can do (``clawproxy/engine_spec.py``): callers ask it, not ``kind``."""
         return engine_spec(self.kind)
 
     # -- verbs ------------------------------------------------------------------------------
