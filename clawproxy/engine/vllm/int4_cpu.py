@@ -57,7 +57,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
 
 def install() -> None:
     """Wrap ``CPUWNA16LinearKernel`` so that it falls back to PyTorch's int4 kernel where vLLM's op
-    is missing (called by ``clawproxy.engine.vllm_lora_cpu.register`` in each vLLM process)."""
+    is missing (called by ``clawproxy.engine.vllm.lora_cpu.register`` in each vLLM process)."""
     from vllm.model_executor.kernels.linear.mixed_precision import cpu
     from vllm.model_executor.layers.quantization.utils.quant_utils import (
         unpack_quantized_values_into_int32,
