@@ -29,7 +29,7 @@ install: $(VENV)/.installed
 
 # llama.cpp's llama-server for engine.kind: llamacpp, built once from the pinned source (~5 min on 2 cores)
 llamacpp: install
-	$(BIN)/python -m clawproxy.engine.llamacpp_build
+	$(BIN)/python -m clawproxy.engine.llamacpp.build
 
 start: install
 	$(BIN)/clawproxy start $(ARGS)

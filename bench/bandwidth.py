@@ -80,8 +80,8 @@ def matmul_flops(threads: int, tokens: int = 512, k: int = 1536, n: int = 8960,
     with torch.no_grad():
         out["bfloat16_gflop_s"] = _rates(flop, _timed(gemm, repeats))
     # 4-bit weights, bfloat16 activations: vLLM's cpu_gemm_wna16 where its build has it, else the
-    # PyTorch int4 kernel clawproxy's plugin falls back to (clawproxy/engine/vllm_int4_cpu.py)
-    from clawproxy.engine.vllm_int4_cpu import int4_matmul, repack
+    # PyTorch int4 kernel clawproxy's plugin falls back to (clawproxy/engine/vllm/int4_cpu.py)
+    from clawproxy.engine.vllm.int4_cpu import int4_matmul, repack
 
     packed, scales_and_zeros = repack(torch.randint(0, 16, (n, k), dtype=torch.int32), torch.rand(n, k // 128) / 100,
                                       128, torch.bfloat16)

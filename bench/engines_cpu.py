@@ -103,7 +103,7 @@ def served_bytes(gguf: Path) -> int:
 
 
 def _llama() -> Any:
-    from clawproxy.engine.llamacpp_build import require
+    from clawproxy.engine.llamacpp.build import require
 
     return require()
 
@@ -170,7 +170,7 @@ def publish_under_load(url: str, adapter: Path) -> dict[str, Any]:
 def script_convert_s(adapter: Path) -> float:
     """The baseline in the same run: llama.cpp's convert_lora_to_gguf.py on the same adapter (what
     a publish ran before the engine wrote adapters itself)."""
-    from clawproxy.engine.llamacpp import _run_script
+    from clawproxy.engine.llamacpp.engine import _run_script
 
     llama = _llama()
     base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
@@ -203,7 +203,7 @@ def main() -> None:
     long_prompt = prompt_of(tokenizer, args.prompt_tokens, "log")
     bw = memory_bandwidth(args.threads, gib=args.memory_gib)
     read_gb_s = bw["read_gb_s"]["best"]
-    from clawproxy.engine.auto import choose, cpu_flags, this_machine
+    from clawproxy.engine_choice import choose, cpu_flags, this_machine
 
     flags = cpu_flags()
     results: dict[str, Any] = {"machine": {"cpus": len(os.sched_getaffinity(0)), "threads": args.threads,
@@ -231,7 +231,7 @@ def main() -> None:
                 nbytes = served_bytes(fetch_gguf(get(args.model)) if quant else (
                     work / "data" / "llamacpp" / "models" / f"{model_dir.name}-bf16.gguf"))
             else:
-                from clawproxy.engine.quantize import quantized_model
+                from clawproxy.engine.vllm.quantize import quantized_model
 
                 served = quantized_model(model_dir, None, ENGINES[name]["quantization"])
                 nbytes = serving_bytes(served, 2)[0]

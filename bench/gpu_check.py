@@ -114,7 +114,7 @@ def write_model(out: Path, shape: dict, vocab: int) -> Path:
 
 def make_batch(tokenizer, prompt_tokens: int, completion_tokens: int, n: int, lr: float):
     """``n`` samples from the recorded requests: rl, rl_opd (hinted), opd (hinted) and rl in turn."""
-    from clawproxy.engine.spec import engine_spec
+    from clawproxy.engine_spec import engine_spec
     from trainer.batch import Sample, prompt_ids
     from trainer.loop import Batch
 

@@ -109,7 +109,7 @@ class Server:
 
     def __init__(self, model_dir: Path, port: int, cpus: str, mode: str):
         from clawproxy.config import load_config
-        from clawproxy.engine.vllm import server_command
+        from clawproxy.engine.vllm.launch import server_command
 
         cfg = load_config(None, {"engine.port": port, "engine.max_model_len": 4096, "engine.kv_cache_gb": 2,
                                  "engine.dtype": MODES[mode][0], "engine.quantization": MODES[mode][1]})
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
     from clawproxy.engine.model import resolve_model
-    from clawproxy.engine.quantize import quantized_model
+    from clawproxy.engine.vllm.quantize import quantized_model
 
     args.data_dir = tempfile.mkdtemp(prefix="bench-quant-")
     base = Path(resolve_model(args.model))

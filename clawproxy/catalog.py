@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from clawproxy.engine.convert import SOURCE_FILE, convert_gguf
+from clawproxy.convert import SOURCE_FILE, convert_gguf
 from clawproxy.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from clawproxy.cli_options import CONTEXT_SETTINGS, build_config, config_options
-from clawproxy.engine.spec import KINDS
+from clawproxy.engine_spec import KINDS
 from clawproxy.errors import ClawproxyError
 from clawproxy.models_cli import models
 from clawproxy.openclaw_cli import openclaw_config
@@ -104,7 +104,7 @@ class _LlamaServerBuild:
         import threading
         import time
 
-        from clawproxy.engine.llamacpp_build import find
+        from clawproxy.engine.llamacpp.build import find
 
         self.done, self.total = 0, 0
         self.error: BaseException | None = None
@@ -120,7 +120,7 @@ class _LlamaServerBuild:
         self.thread.start()
 
     def _build(self) -> None:
-        from clawproxy.engine.llamacpp_build import build
+        from clawproxy.engine.llamacpp.build import build
 
         def step(done: int, total: int) -> None:
             self.done, self.total = done, total
@@ -153,7 +153,7 @@ def _quantize_in_terminal(source: Path, data_dir: str, quantization: str) -> Non
     """Make the served 4-bit weights before the engine starts, so that a first start says what it does."""
     import time
 
-    from clawproxy.engine.quantize import is_quantized, quantized_dir, quantized_model
+    from clawproxy.engine.vllm.quantize import is_quantized, quantized_dir, quantized_model
 
     if is_quantized(quantized_dir(source, data_dir, quantization), source, quantization):
         return

@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
-from clawproxy.engine.auto import Choice, cpu_flags, native_bf16, this_machine
-from clawproxy.engine.auto import choose as choose_engine
-from clawproxy.engine.spec import EngineSpec, engine_spec
+from clawproxy.engine_choice import Choice, cpu_flags, native_bf16, this_machine
+from clawproxy.engine_choice import choose as choose_engine
+from clawproxy.engine_spec import EngineSpec, engine_spec
 from clawproxy.errors import ConfigError
 from clawproxy.fields import STRICT, setting
 from clawproxy.httpjson import strip_v1
@@ -178,7 +178,7 @@ class EngineConfig:
         "model's own Q4_K_M GGUF as it was published; the trainer trains the same weights, "
         "dequantized. 'w4a16' (vLLM): int4 linear layers (round-to-nearest, symmetric, a scale per "
         "128 inputs; the embedding and output head stay bfloat16) with bfloat16 activations, made "
-        "once from engine.model and cached beside it (clawproxy/engine/quantize.py). 'none': the "
+        "once from engine.model and cached beside it (clawproxy/engine/vllm/quantize.py). 'none': the "
         "weights as they are. 'auto', for a named model with a LoRA trainer: q4_k_m on llama.cpp "
         "where the model has that file; on vLLM w4a16 for a model served in bfloat16 on a CPU "
         "without native bfloat16 (AVX2 only: there it answers sooner, decodes faster and takes less "
@@ -208,7 +208,7 @@ class EngineConfig:
         "The engine: 'auto' chooses by what this machine can do and says why at start: vLLM on a GPU "
         "and on a CPU with native bfloat16 (amx_bf16 or avx512_bf16 in /proc/cpuinfo), llama.cpp "
         "with the model's 4-bit file on a CPU without it, the embedded engine where neither installs "
-        "(clawproxy/engine/auto.py; the figures: docs/architecture.md). 'vllm' (the real vLLM; or "
+        "(clawproxy/engine_choice.py; the figures: docs/architecture.md). 'vllm' (the real vLLM; or "
         "attach one with proxy.upstream), 'llamacpp' (llama.cpp's llama-server behind clawproxy's "
         "engine server, built from a pinned source on the first start) or 'embedded' (the built-in "
         "transformers engine) force one.",
@@ -294,7 +294,7 @@ class EngineConfig:
 
     @property
     def spec(self) -> EngineSpec:
-        """What this engine can do (``clawproxy/engine/spec.py``): callers ask it, not ``kind``."""
+        """What this engine can do (``clawproxy/engine_spec.py``): callers ask it, not ``kind``."""
         return engine_spec(self.kind)
 
     @property

@@ -30,7 +30,7 @@ def _engine_auto_is_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     """``engine.kind: auto`` (the default) chooses vLLM in every test, whatever this CPU's flags:
     the tests of the choice itself fake the machine (tests/engine/test_auto.py)."""
     import clawproxy.config
-    from clawproxy.engine.auto import Machine
+    from clawproxy.engine_choice import Machine
 
     machine = Machine(cpu_flags=frozenset({"avx512_bf16"}), gpu=False, vllm=True, llamacpp=True)
     monkeypatch.setattr(clawproxy.config, "this_machine", lambda device: machine)

@@ -26,7 +26,7 @@ SHARED = {
     "clawproxy.degenerate",  # what a looping generation is
     "clawproxy.chat_template",  # the prompt text the engine renders (the OPD teacher renders the same)
     "clawproxy.instruct",  # where an instruction goes in a request: the proxy serves it, the teacher sees it
-    "clawproxy.engine.convert",  # checkpoints written atomically, as converted models are
+    "clawproxy.convert",  # checkpoints written atomically, as converted models are
     "clawproxy.engine.model",  # the model files the engine and the trainer both load (dtype, EOS ids)
     "clawproxy.users",  # a user's adapter name: the proxy routes to it, the trainer publishes under it
     "clawproxy.stop",  # a stop a signal handler may set: every child command's SIGTERM
@@ -140,7 +140,7 @@ def test_a_planted_import_cycle_is_found(tmp_path, monkeypatch):
 
 
 def _names_a_kind(node: ast.expr) -> bool:
-    from clawproxy.engine.spec import KINDS
+    from clawproxy.engine_spec import KINDS
 
     values = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
     return any(isinstance(v, ast.Constant) and v.value in KINDS for v in values)
@@ -165,7 +165,7 @@ def engine_kind_branches(folders: tuple[str, ...]) -> list[str]:
 
 
 def test_no_engine_kind_branch_outside_the_engine():
-    # the embedded engine lives behind clawproxy/engine/spec.py alone (docs/architecture.md)
+    # the embedded engine lives behind clawproxy/engine_spec.py alone (docs/architecture.md)
     assert engine_kind_branches(("clawproxy", "judge", "trainer")) == []
 
 

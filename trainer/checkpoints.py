@@ -23,14 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawproxy.engine.client import TRANSIENT
-from clawproxy.engine.convert import write_dir_atomically
+from clawproxy.convert import write_dir_atomically
+from clawproxy.engine.client import TRANSIENT, Engine
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from clawproxy.users import adapter_name
@@ -121,7 +119,7 @@ def prune(store: Store, keep: int, root: Path) -> list[int]:
 
 
 def rollback(
-    store: Store, engine: Any | None, base_dir: Path, target: int | None = None, owner: str | None = None
+    store: Store, engine: Engine | None, base_dir: Path, target: int | None = None, owner: str | None = None
 ) -> tuple[int, Version]:
     """Serve an earlier checkpoint of ``owner``'s adapter (None: the shared one) again, recorded as
     a new version of that adapter. Returns (new_version, source).
@@ -134,7 +132,7 @@ def rollback(
         return _rollback(store, engine, base_dir, target, owner)
 
 
-def _rollback(store: Store, engine: Any | None, base_dir: Path, target: int | None,
+def _rollback(store: Store, engine: Engine | None, base_dir: Path, target: int | None,
               owner: str | None) -> tuple[int, Version]:
     whose = "the shared adapter" if owner is None else f"user {owner}'s adapter"
     own = store.serving_checkpoint(owner)
@@ -217,18 +215,12 @@ def is_refusal(err: EngineError) -> bool:
     return err.status not in TRANSIENT
 
 
-@contextmanager
-def as_adapter(engine: Any, owner: str | None) -> Iterator[Any]:
-    """``engine`` loading LoRA adapters under ``owner``'s adapter name for the duration."""
-    shared = engine.lora_name
-    engine.lora_name = shared if owner is None else adapter_name(owner, shared)
-    try:
-        yield engine
-    finally:
-        engine.lora_name = shared
+def adapter_of(engine: Engine, owner: str | None) -> str:
+    """The name ``owner``'s adapter is served under (None: the shared one)."""
+    return engine.lora_name if owner is None else adapter_name(owner, engine.lora_name)
 
 
-def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None = None,
+def publish(engine: Engine, new: Version, last_good: Version, base_dir: Path | None = None,
             owner: str | None = None) -> None:
     """Validate ``new``, load it into the engine as ``owner``'s adapter; after a failed load put
     ``last_good`` back.
@@ -236,30 +228,29 @@ def publish(engine: Any, new: Version, last_good: Version, base_dir: Path | None
     Raises CheckpointInvalid (the engine was not asked) or the engine's EngineError (the engine
     serves ``last_good`` again, or, if even that failed, the message says so)."""
     validate_checkpoint(new.path, new.format, base_dir)
-    with as_adapter(engine, owner):
+    name = adapter_of(engine, owner)
+    try:
+        engine.load_weights(str(new.path), new.version, lora=new.lora, name=name)
+    except EngineError as err:
+        if new.lora and not last_good.lora:
+            raise  # a refused adapter never touched the base weights that serve
         try:
-            engine.load_weights(str(new.path), new.version, lora=new.lora)
-        except EngineError as err:
-            if new.lora and not last_good.lora:
-                raise  # a refused adapter never touched the base weights that serve
-            try:
-                engine.load_weights(str(last_good.path), last_good.version, lora=last_good.lora)
-            except EngineError as again:
-                err.message += f"; reloading v{last_good.version} failed too: {again.message}"
-            raise err from None
+            engine.load_weights(str(last_good.path), last_good.version, lora=last_good.lora, name=name)
+        except EngineError as again:
+            err.message += f"; reloading v{last_good.version} failed too: {again.message}"
+        raise err from None
 
 
-def engine_serves(engine: Any, current: Version, owner: str | None = None) -> bool:
+def engine_serves(engine: Engine, current: Version, owner: str | None = None) -> bool:
     """Whether the engine serves ``current`` for ``owner``: an engine that serves adapters by name
     (vLLM) lists the owner's adapter with this path for a LoRA version; otherwise the engine's
     weight version matches."""
     if current.lora and engine.spec.adapters_by_name:
-        name = engine.lora_name if owner is None else adapter_name(owner, engine.lora_name)
-        return engine.served_adapters().get(name) == str(current.path)
+        return engine.served_adapters().get(adapter_of(engine, owner)) == str(current.path)
     return engine.weight_version() == current.version
 
 
-def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
+def ensure_engine_serves(store: Store, engine: Engine, base_dir: Path) -> bool:
     """Reload the current version of each owner's weights into an engine that restarted on the base
     model or serves another version (the shared one, and each user's own). True if any was reloaded.
 
@@ -280,24 +271,23 @@ def ensure_engine_serves(store: Store, engine: Any, base_dir: Path) -> bool:
             serving = engine.weight_version()
         except EngineError:
             continue
-        with as_adapter(engine, owner):
-            engine.load_weights(str(current.path), current.version, lora=current.lora)
+        engine.load_weights(str(current.path), current.version, lora=current.lora, name=adapter_of(engine, owner))
         event = {"reason": "engine serves a different version", "serving": serving, "version": current.version}
         store.log_event("reload", event if owner is None else {**event, "user": owner})
         reloaded = True
     return reloaded
 
 
-def lost_adapter(engine: Any, current: Version, owner: str | None) -> str | None:
+def lost_adapter(engine: Engine, current: Version, owner: str | None) -> str | None:
     """The name of ``owner``'s adapter when an engine that serves adapters by name does not list it
     (it restarted); None otherwise."""
     if not (current.lora and engine.spec.adapters_by_name):
         return None
-    name = engine.lora_name if owner is None else adapter_name(owner, engine.lora_name)
+    name = adapter_of(engine, owner)
     return None if name in engine.served_adapters() else name
 
 
-def _report_lost(store: Store, engine: Any, current: Version, owner: str | None) -> None:
+def _report_lost(store: Store, engine: Engine, current: Version, owner: str | None) -> None:
     name = lost_adapter(engine, current, owner)
     event = {"adapter": name, "path": str(current.path), "version": current.version,
              **({"user": owner} if owner is not None else {})}

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from clawproxy.cli_options import CONTEXT_SETTINGS as CONTEXT
 from clawproxy.cli_options import build_config, config_options, make_console
 
+if TYPE_CHECKING:
+    from clawproxy.engine.client import EngineClient
 
-def _engine(cfg: Any, engine_url: str | None, store: Any = None):
+
+def _engine(cfg: Any, engine_url: str | None, store: Any = None) -> EngineClient | None:
     """An EngineClient for ``--engine-url`` (None: no engine, publish to disk only)."""
     if not engine_url:
         return None

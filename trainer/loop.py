@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import torch
 
 from clawproxy.config import Config
+from clawproxy.engine.client import Engine
 from clawproxy.errors import ConfigError, EngineError
 from clawproxy.store import Store
 from trainer import gate
@@ -297,7 +298,7 @@ def _from_main(accelerator: Any, read: Callable[[], T]) -> T:
 class Trainer:
     """One policy, one optimizer, one loop. ``engine`` None: publish to disk and the store only."""
 
-    def __init__(self, cfg: Config, store: Store, engine: Any | None = None, accelerator: Any | None = None):
+    def __init__(self, cfg: Config, store: Store, engine: Engine | None = None, accelerator: Any | None = None):
         from accelerate import Accelerator
 
         from clawproxy.engine.model import resolve_model

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clawproxy.config import Config
+from clawproxy.engine.client import Engine
 from clawproxy.engine.model import torch_dtype
 from clawproxy.errors import EngineError
 from clawproxy.store import Store
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 class Publisher:
     """Writes, reloads and records the policy's weights for the owner ``Holding`` names."""
 
-    def __init__(self, cfg: Config, store: Store, engine: Any | None, policy: Policy, base_dir: Path,
+    def __init__(self, cfg: Config, store: Store, engine: Engine | None, policy: Policy, base_dir: Path,
                  ckpt_root: Path):
         self.cfg, self.tcfg = cfg, cfg.trainer
         self.store, self.engine, self.policy = store, engine, policy

@@ -1,8 +1,8 @@
 """``python -m clawproxy.engine``: run the engine that ``clawproxy start`` spawns.
 
 With ``engine.kind: vllm`` this resolves the model and becomes vLLM's OpenAI server
-(``clawproxy/engine/vllm.py``); with ``embedded`` it serves the built-in transformers engine, and
-with ``llamacpp`` the same server over llama.cpp's llama-server (``clawproxy/engine/llamacpp.py``).
+(``clawproxy/engine/vllm/launch.py``); with ``embedded`` it serves the built-in transformers engine, and
+with ``llamacpp`` the same server over llama.cpp's llama-server (``clawproxy/engine/llamacpp/engine.py``).
 
     python -m clawproxy.engine --config <data_dir>/run-config.yaml       # as `clawproxy start` does
     python -m clawproxy.engine --model default --port 8081                # alone
@@ -25,7 +25,7 @@ from clawproxy.config import Config, EngineConfig, load_config
 from clawproxy.errors import ClawproxyError
 
 if TYPE_CHECKING:
-    from clawproxy.engine.core import Serving
+    from clawproxy.engine.generation import Serving
 
 # a list is no single flag: vllm_args comes from the config file
 FLAGS = [f for f in dataclasses.fields(EngineConfig) if f.name != "vllm_args"]
@@ -54,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def _embedded_engine(e: EngineConfig, data: str) -> tuple[Serving, Path | str, int]:
-    from clawproxy.engine.core import Engine
+    from clawproxy.engine.embedded.core import Engine
     from clawproxy.engine.model import (
         context_limit,
         load_model_and_tokenizer,
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         e, data = cfg.engine, str(cfg.data_path)
         if e.kind == "vllm":
-            from clawproxy.engine.vllm import exec_server
+            from clawproxy.engine.vllm.launch import exec_server
 
             exec_server(e, cfg.trainer, data)  # never returns
         from aiohttp import web
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         engine: Serving
         root: Path | str
         if e.kind == "llamacpp":
-            from clawproxy.engine.llamacpp import build_engine
+            from clawproxy.engine.llamacpp.engine import build_engine
 
             engine, root, max_len = build_engine(e, data)
         else:

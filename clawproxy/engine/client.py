@@ -49,9 +49,9 @@ checkpoint before asking for it and reload the last good one after any failure
 from __future__ import annotations
 
 import itertools
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from clawproxy.engine.spec import EngineSpec, engine_spec
+from clawproxy.engine_spec import EngineSpec, engine_spec
 from clawproxy.errors import EngineError
 from clawproxy.httpjson import request_json, strip_v1
 
@@ -59,6 +59,20 @@ PauseMode = Literal["keep", "wait", "abort"]
 MIN_VLLM = (0, 16, 0)
 # statuses that say "try again later", not "this checkpoint is bad" (502/504: a proxy in between)
 TRANSIENT = frozenset({502, 503, 504})
+
+
+class Engine(Protocol):
+    """What the trainer calls on an engine (``trainer/``): ``EngineClient`` meets it."""
+
+    base_url: str
+    lora_name: str  # the shared adapter's name; a user's adapter is named after it (``clawproxy.users``)
+
+    @property
+    def spec(self) -> EngineSpec: ...
+    def health(self) -> bool: ...
+    def weight_version(self) -> int: ...
+    def served_adapters(self) -> dict[str, str]: ...
+    def load_weights(self, path: str, version: int, lora: bool = False, name: str | None = None) -> int: ...
 
 
 class EngineClient:
@@ -115,7 +129,7 @@ class EngineClient:
 
     @property
     def spec(self) -> EngineSpec:
-        """What this engine can do (``clawproxy/engine/spec.py``): callers ask it, not ``kind``."""
+        """What this engine can do (``clawproxy/engine_spec.py``): callers ask it, not ``kind``."""
         return engine_spec(self.kind)
 
     # -- verbs ------------------------------------------------------------------------------
@@ -250,8 +264,9 @@ class EngineClient:
         """``POST /v1/unload_lora_adapter``: the engine forgets the adapter ``name`` (404 if it has none)."""
         self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=self.reload_timeout)
 
-    def load_weights(self, path: str, version: int, lora: bool = False) -> int:
-        """Swap in the checkpoint at ``path`` as weight version ``version``; return the version.
+    def load_weights(self, path: str, version: int, lora: bool = False, name: str | None = None) -> int:
+        """Swap in the checkpoint at ``path`` as weight version ``version``; return the version. A LoRA
+        adapter is loaded under ``name`` (default ``lora_name``).
 
         Sequence: pause (keep) -> reload -> reset prefix cache -> (vLLM) update_weight_version
         -> resume. Resume always runs, even when the pause itself failed. A failed reload raises
@@ -267,7 +282,7 @@ class EngineClient:
             self.pause("keep")
             if lora:
                 body: dict[str, Any] = {
-                    "lora_name": self.lora_name,
+                    "lora_name": name or self.lora_name,
                     "lora_path": path,
                     "load_inplace": True,
                 }

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clawproxy import catalog
-from clawproxy.engine.convert import convert_gguf
+from clawproxy.convert import convert_gguf
 from clawproxy.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -56,10 +56,16 @@ from aiohttp import web
 
 from clawproxy.chat_template import render_chat
 from clawproxy.edge import control_route, error_response
-from clawproxy.engine.core import GenRequest, SamplingParams, ServesAdapters, Serving, StepEvent
-from clawproxy.engine.spec import engine_spec
+from clawproxy.engine.generation import (
+    GenRequest,
+    SamplingParams,
+    ServesAdapters,
+    Serving,
+    StepEvent,
+)
 from clawproxy.engine.toolcalls import tool_names
 from clawproxy.engine.tools import ToolCallStreamParser
+from clawproxy.engine_spec import engine_spec
 from clawproxy.errors import ClawproxyError, NotFound, RequestError, error_body
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The one reader of a model's tool calls: the embedded engine (``clawproxy.engine.tools``), vLLM's
-``qwen_fenced`` plugin (``clawproxy.engine.tool_parsers``) and the agent benchmark's malformed-call
+``qwen_fenced`` plugin (``clawproxy.engine.vllm.tool_parsers``) and the agent benchmark's malformed-call
 check (``clawproxy.simulate.agent_tasks``) all read calls here. No vLLM import.
 
 Qwen2.5's chat template asks for ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, which

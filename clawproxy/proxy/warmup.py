@@ -17,7 +17,7 @@ sent to the engine's own chat route under the route's model name with ``max_toke
 through the proxy (nothing is recorded). The engine keeps that KV as it keeps any prompt's: vLLM in
 its prefix cache, whose block hashes include the adapter; llama.cpp in the slot that served it,
 dropped when the slot's next request names another adapter, and with adapters loaded no RAM cache
-(``--cache-ram 0``, engine/llamacpp.py). So a request with another prompt or for another adapter
+(``--cache-ram 0``, engine/llamacpp/engine.py). So a request with another prompt or for another adapter
 never reads this KV. A route none of whose users was served yet is left to its first request.
 
 Never in the way: a warm-up starts only while no request is in flight, and a request that arrives

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from clawproxy.engine.spec import engine_spec
+from clawproxy.engine_spec import engine_spec
 from clawproxy.errors import ConfigError
 from clawproxy.simulate.driver import (
     Completion,

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from clawproxy.engine.spec import engine_spec
+from clawproxy.engine_spec import engine_spec
 from clawproxy.simulate.driver import (
     Completion,
     Driver,

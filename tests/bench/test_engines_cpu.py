@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_engines_cpu_measures_llamacpp_and_publishes_without_a_failed_request(tmp_path, default_model_dir):
-    from clawproxy.engine import llamacpp_build
+    from clawproxy.engine.llamacpp import build as llamacpp_build
 
     llamacpp_build.build(echo=False)
     out = tmp_path / "engines.json"

@@ -201,7 +201,7 @@ def test_real_qwen_0_5b_converts_complete(qwen_0_5b):
     tool-calling chat template, both EOS; the model answers and stops."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from clawproxy.engine.convert import gguf_chat_template
+    from clawproxy.convert import gguf_chat_template
 
     _, gguf, out = qwen_0_5b
     gen = json.loads((out / "generation_config.json").read_text())
@@ -244,7 +244,7 @@ def test_a_first_start_fetches_the_named_model_in_the_terminal_before_the_engine
     import clawproxy.config
     from clawproxy import catalog, supervisor
     from clawproxy.cli import main
-    from clawproxy.engine import quantize
+    from clawproxy.engine.vllm import quantize
 
     fetched, ran = [], []
     monkeypatch.setenv("CLAWPROXY_MODEL_CACHE", str(tmp_path / "cache"))
@@ -276,7 +276,7 @@ def test_a_first_start_fetches_the_named_model_in_the_terminal_before_the_engine
     r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--upstream", "http://127.0.0.1:9"])
     assert r.exit_code == 0 and fetched == [], r.output  # an upstream needs no model here
     # llama.cpp's q4_k_m is the catalog's own file: nothing is made before the engine starts
-    from clawproxy.engine import llamacpp_build
+    from clawproxy.engine.llamacpp import build as llamacpp_build
 
     monkeypatch.setattr(llamacpp_build, "find", lambda cache=None: llamacpp_build.LlamaCpp(tmp_path))  # built
     r = CliRunner().invoke(main, ["start", "--data-dir", str(tmp_path / "d"), "--model", "qwen2.5-coder-1.5b",

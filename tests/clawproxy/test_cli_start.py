@@ -12,8 +12,8 @@ from click.testing import CliRunner
 import clawproxy.cli
 import clawproxy.config
 from clawproxy import catalog, models_cli, supervisor
-from clawproxy.engine import llamacpp_build
-from clawproxy.engine.auto import Machine
+from clawproxy.engine.llamacpp import build as llamacpp_build
+from clawproxy.engine_choice import Machine
 from clawproxy.errors import ConfigError
 
 AVX2 = frozenset({"avx", "avx2", "fma"})

@@ -17,7 +17,7 @@ TOKEN = "t0k"
 async def engine_url(tiny_model_dir, aiohttp_server):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from clawproxy.engine.core import Engine
+    from clawproxy.engine.embedded.core import Engine
     from clawproxy.engine.server import ServerSettings, create_app
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

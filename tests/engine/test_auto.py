@@ -6,7 +6,7 @@ import pytest
 
 import clawproxy.config
 from clawproxy.config import load_config
-from clawproxy.engine.auto import OVERRIDE, Machine, choose, cpu_flags
+from clawproxy.engine_choice import OVERRIDE, Machine, choose, cpu_flags
 
 AVX2 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2".split())
 AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}

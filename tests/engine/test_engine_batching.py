@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from clawproxy.chat_template import render_chat
-from clawproxy.engine.core import Engine, GenRequest, SamplingParams
+from clawproxy.engine.embedded.core import Engine
+from clawproxy.engine.generation import GenRequest, SamplingParams
 from tests.rig.engine_proc import forward_logprobs
 from tests.waits import until_sync
 

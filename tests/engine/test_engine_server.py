@@ -315,7 +315,8 @@ def test_pause_wait_also_drains_requests_still_queued(tiny):
     """A request accepted before pause(wait) but not yet scheduled is in flight for its client
     (it may already have its first SSE chunk): wait must run it to the end, not park it until
     resume. Deterministic: the worker starts only after the request is queued and the pause set."""
-    from clawproxy.engine.core import Engine, GenRequest, SamplingParams
+    from clawproxy.engine.embedded.core import Engine
+    from clawproxy.engine.generation import GenRequest, SamplingParams
 
     model, tokenizer = tiny
     engine = Engine(model, tokenizer, threads=1)
@@ -341,7 +342,7 @@ def test_pause_wait_also_drains_requests_still_queued(tiny):
 def test_resume_before_the_worker_parked_ends_the_pending_pause(tiny):
     """A controller that gave up waiting for pause() resumes: the pause call must return, not
     hold its HTTP handler (and thread) forever waiting for a park that never comes."""
-    from clawproxy.engine.core import Engine
+    from clawproxy.engine.embedded.core import Engine
 
     model, tokenizer = tiny
     engine = Engine(model, tokenizer, threads=1)  # worker not started: it cannot park

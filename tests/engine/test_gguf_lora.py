@@ -1,4 +1,4 @@
-"""The in-process adapter writer (``engine/gguf_lora.py``) against llama.cpp's own
+"""The in-process adapter writer (``engine/llamacpp/gguf_lora.py``) against llama.cpp's own
 ``convert_lora_to_gguf.py``: the same tensor names, shapes, types and values, and the same header
 keys the adapter loader reads, on small random Llama (GQA: q/k rows permuted), Qwen2 and Qwen3
 models with every projection adapted. The served result is checked end to end in
@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from clawproxy.engine.gguf_lora import convertible, gguf_module, write_adapter
-from clawproxy.engine.llamacpp import _run_script
+from clawproxy.engine.llamacpp.engine import _run_script
+from clawproxy.engine.llamacpp.gguf_lora import convertible, gguf_module, write_adapter
 
 HEADER_KEYS = ("general.architecture", "general.type", "adapter.type", "adapter.lora.alpha")
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -22,7 +22,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 @pytest.fixture(scope="module")
 def llama():
-    from clawproxy.engine import llamacpp_build
+    from clawproxy.engine.llamacpp import build as llamacpp_build
 
     return llamacpp_build.build(echo=False)  # the source tree's scripts and gguf-py; cached once built
 
@@ -76,7 +76,7 @@ def test_written_adapter_equals_the_script(llama, tmp_path, arch):
 
 def test_the_permuted_rows_matter(llama, tmp_path):
     """Leaving out Llama's q/k row order would fail the test above (a check that can fail)."""
-    from clawproxy.engine import gguf_lora
+    from clawproxy.engine.llamacpp import gguf_lora
 
     base, adapter = _model_and_adapter(tmp_path, "llama")
     gguf = gguf_module(llama.root)

@@ -56,7 +56,7 @@ def ask(question: str = "Say hi.", **extra) -> dict:
 
 @pytest.fixture(scope="module")
 def served(default_model_dir, tmp_path_factory):
-    from clawproxy.engine import llamacpp_build
+    from clawproxy.engine.llamacpp import build as llamacpp_build
 
     llamacpp_build.build(echo=False)  # ~5 min once per machine; `make llamacpp` does it ahead
     import torch
@@ -321,8 +321,8 @@ def test_kv_computed_under_an_adapter_never_serves_another_request(served, tmp_p
     started as LlamaCppEngine starts it must recompute P."""
     from transformers import AutoTokenizer
 
-    from clawproxy.engine.llamacpp import Adapter, Instance, LlamaCppEngine, convert_adapter
-    from clawproxy.engine.llamacpp_build import require
+    from clawproxy.engine.llamacpp.build import require
+    from clawproxy.engine.llamacpp.engine import Adapter, Instance, LlamaCppEngine, convert_adapter
 
     url, base, adapter, log = served
     llama = require()
@@ -360,7 +360,7 @@ def test_kv_computed_under_an_adapter_never_serves_another_request(served, tmp_p
 
 
 def test_an_unbuilt_llama_server_says_how_to_build_it(tmp_path):
-    from clawproxy.engine.llamacpp_build import require
+    from clawproxy.engine.llamacpp.build import require
     from clawproxy.errors import ConfigError
 
     with pytest.raises(ConfigError, match="make llamacpp"):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from clawproxy.engine import llamacpp_build
+from clawproxy.engine.llamacpp import build as llamacpp_build
 from clawproxy.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """4-bit serving (``engine.quantization: w4a16``) with the real libraries: compressed-tensors writes the
 checkpoint, vLLM serves it (through clawproxy's int4 fallback on a CPU whose vLLM library has no
-4-bit op, ``clawproxy/engine/vllm_int4_cpu.py``), and what it serves, with and without a LoRA
+4-bit op, ``clawproxy/engine/vllm/int4_cpu.py``), and what it serves, with and without a LoRA
 adapter, is what the dequantized weights compute.
 
 The model is a random 2-layer Llama whose layer widths fit groups of 128, with weights large enough
@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from clawproxy.config import load_config
-from clawproxy.engine import quantize
+from clawproxy.engine.vllm import quantize
 from clawproxy.errors import ConfigError
 from tests.net import held_port, stop
 from tests.waits import until_sync
@@ -112,7 +112,7 @@ def test_the_int4_fallback_multiplies_as_the_dequantized_weight(quantized):
     )
     from vllm.scalar_type import scalar_types
 
-    from clawproxy.engine.vllm_int4_cpu import int4_matmul, repack
+    from clawproxy.engine.vllm.int4_cpu import int4_matmul, repack
 
     state, deq = _tensors(quantized), _dequantized(quantized)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))

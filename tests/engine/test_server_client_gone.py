@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from clawproxy.engine.core import GenRequest
+from clawproxy.engine.generation import GenRequest
 from clawproxy.engine.server import ServerSettings, create_app
 from tests.waits import until
 

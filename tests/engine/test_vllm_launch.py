@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from clawproxy.config import load_config
-from clawproxy.engine.vllm import require_vllm, server_command
+from clawproxy.engine.vllm.launch import require_vllm, server_command
 from clawproxy.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def test_the_default_stack_serves_the_1_5b_in_bf16_with_lora_and_our_tool_parser
     assert _flag(argv, "--served-model-name") == "qwen2.5-coder-1.5b" and _flag(argv, "--dtype") == "bfloat16"
     assert "--enable-lora" in argv and _flag(argv, "--max-lora-rank") == "16"
     assert _flag(argv, "--tool-call-parser") == "qwen_fenced" and _flag(argv, "--tool-parser-plugin").endswith(
-        "clawproxy/engine/tool_parsers.py")
+        "clawproxy/engine/vllm/tool_parsers.py")
     assert _flag(argv, "--logprobs-mode") == "raw_logprobs"
     assert "--enable-prompt-tokens-details" in argv  # recorded usage says how much the prefix cache held
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"

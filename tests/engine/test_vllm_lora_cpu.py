@@ -1,4 +1,4 @@
-"""Our CPU LoRA ops (clawproxy/engine/vllm_lora_cpu.py) against vLLM's own: equal for tokens with an
+"""Our CPU LoRA ops (clawproxy/engine/vllm/lora_cpu.py) against vLLM's own: equal for tokens with an
 adapter, no delta for tokens without one (vLLM's give them the last slot's), and installed by the
 plugin vLLM loads in every process."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 vllm_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")
-from clawproxy.engine import vllm_lora_cpu as ours  # noqa: E402
+from clawproxy.engine.vllm import lora_cpu as ours  # noqa: E402
 
 # vLLM's originals, taken before any test installs ours over them
 ORIGINAL = {name: getattr(importlib.reload(vllm_ops), name)
@@ -73,7 +73,7 @@ def test_one_index_or_one_row_broadcasts_as_in_vllm():
 
 def test_the_plugin_is_registered_and_installs_the_ops():
     eps = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
-           if ep.value == "clawproxy.engine.vllm_lora_cpu:register"]
+           if ep.value == "clawproxy.engine.vllm.lora_cpu:register"]
     assert eps, "pyproject.toml's vllm.general_plugins entry point is missing (reinstall: make install)"
     from vllm.lora.punica_wrapper import punica_cpu
 
@@ -87,7 +87,7 @@ def test_the_plugin_is_registered_and_installs_the_ops():
 
 
 def test_the_engine_launcher_sees_the_plugin():
-    from clawproxy.engine.vllm import lora_plugin_installed
+    from clawproxy.engine.vllm.launch import lora_plugin_installed
 
     assert lora_plugin_installed()
 

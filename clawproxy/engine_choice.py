@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from clawproxy.engine.spec import EngineKind
+from clawproxy.engine_spec import EngineKind
 
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names for AMX-BF16 and AVX512-BF16
 OVERRIDE = "--engine vllm|llamacpp|embedded overrides"
@@ -98,7 +98,7 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
 
 def this_machine(device: str) -> Machine:
     """This machine, for ``engine.device``: its CPU flags and what is installed or buildable."""
-    from clawproxy.engine.llamacpp_build import find
+    from clawproxy.engine.llamacpp.build import find
 
     built = find() is not None
     return Machine(cpu_flags=cpu_flags(), gpu=device != "cpu", vllm=importlib.util.find_spec("vllm") is not None,

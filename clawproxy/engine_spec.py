@@ -44,7 +44,7 @@ SPECS: dict[str, EngineSpec] = {
                        checks_control_plane=True, tools_as_text=False, vllm_routes=True),
     "embedded": EngineSpec("embedded", adapters_by_name=False, reports_weight_version=True, quantizations=(),
                            checks_control_plane=False, tools_as_text=True, vllm_routes=False),
-    # clawproxy's engine server over llama.cpp's llama-server (clawproxy/engine/llamacpp.py)
+    # clawproxy's engine server over llama.cpp's llama-server (clawproxy/engine/llamacpp/engine.py)
     "llamacpp": EngineSpec("llamacpp", adapters_by_name=True, reports_weight_version=True,
                            quantizations=("q4_k_m",), checks_control_plane=False, tools_as_text=True,
                            vllm_routes=False, built_on_first_start=True),

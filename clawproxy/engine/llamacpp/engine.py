@@ -5,7 +5,7 @@ The trainer needs what was served exactly: the prompt's ids, every sampled id an
 llama-server's chat route renders its own template and returns no prompt ids, so clawproxy's
 engine server (``engine/server.py``) stays the front, as for the embedded engine: it renders the
 chat template with the model's tokenizer, reads tool calls with the one reader and applies EOS,
-stop strings and length (``core.advance``). llama-server gets token ids on its native
+stop strings and length (``generation.advance``). llama-server gets token ids on its native
 ``/completion`` route and streams back each sampled id with its log-prob (``n_probs``: before
 sampling, from the raw logits, as vLLM's ``raw_logprobs``; ``processed_logprobs`` asks for them
 after the sampler chain).
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawproxy.engine.core import GenRequest, NamedAdapter, StepEvent, advance
-from clawproxy.engine.gguf_lora import convertible, write_adapter
-from clawproxy.engine.llamacpp_build import LlamaCpp
+from clawproxy.engine.generation import GenRequest, NamedAdapter, ServingBase, StepEvent, advance
+from clawproxy.engine.llamacpp.build import LlamaCpp
+from clawproxy.engine.llamacpp.gguf_lora import convertible, write_adapter
 from clawproxy.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -201,30 +201,24 @@ class Instance:
                 self.proc.wait()
 
 
-class LlamaCppEngine:
-    """``core.ServesAdapters`` (what ``engine/server.py`` drives) over llama-server children."""
+class LlamaCppEngine(ServingBase):
+    """``generation.ServesAdapters`` (what ``engine/server.py`` drives) over llama-server children."""
 
     adapters_by_name = True
 
     def __init__(self, llama: LlamaCpp, model_gguf: Path, model_dir: Path, tokenizer: Any, eos_ids: set[int], *,
                  work_dir: Path, max_batch_size: int = 8, max_model_len: int = 8192, threads: int | None = None,
                  logprobs_mode: str = "raw_logprobs", weight_version: int = 0) -> None:
-        import copy
-
+        # _version: the last one loaded, of any adapter or the base (/weight_info)
+        super().__init__(tokenizer, weight_version=weight_version)
         self.llama, self.model_gguf, self.model_dir = llama, model_gguf, model_dir
-        self.tokenizer = tokenizer
-        self.tokenizer_lock = threading.Lock()
-        self._detok = copy.deepcopy(tokenizer)  # the request threads decode under _detok_lock
-        self._detok_lock = threading.Lock()
+        self._detok_lock = threading.Lock()  # the request threads decode with _detok
         self.eos_ids = eos_ids
         self.work_dir = work_dir
         self.max_batch_size, self.max_model_len = max_batch_size, max_model_len
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.post_sampling = logprobs_mode == "processed_logprobs"
-        self._version = weight_version  # the last one loaded, of any adapter or the base (/weight_info)
         self._base_version = weight_version  # the model file's
-        self._cond = threading.Condition()
-        self._pause_mode: str | None = None
         self._current: Instance | None = None
         self._instances: list[Instance] = []
         self._running: dict[str, tuple[GenRequest, Instance, http.client.HTTPConnection | None]] = {}
@@ -275,14 +269,6 @@ class LlamaCppEngine:
             self._cond.notify_all()
         for inst in instances:
             inst.stop()
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def is_paused(self) -> bool:
-        return self._pause_mode is not None
 
     def load(self) -> dict[str, int | float]:
         return {"running": len(self._running), "waiting": self._waiting, "servers": len(self._instances),
@@ -565,7 +551,7 @@ def build_engine(e: Any, data_dir: str) -> tuple[LlamaCppEngine, Path, int]:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from clawproxy.catalog import fetch_gguf, lookup
-    from clawproxy.engine.llamacpp_build import require
+    from clawproxy.engine.llamacpp.build import require
     from clawproxy.engine.model import context_limit, eos_token_ids, resolve_model, serving_length
 
     llama = require()

@@ -99,14 +99,14 @@ def server_command(engine: EngineConfig, trainer: TrainerConfig, model_dir: str)
 
 
 def lora_plugin_installed() -> bool:
-    """Whether vLLM will find clawproxy/engine/vllm_lora_cpu.py (pyproject.toml's entry point)."""
+    """Whether vLLM will find clawproxy/engine/vllm/lora_cpu.py (pyproject.toml's entry point)."""
     from importlib.metadata import entry_points
 
-    return any(ep.value == "clawproxy.engine.vllm_lora_cpu:register"
+    return any(ep.value == "clawproxy.engine.vllm.lora_cpu:register"
                for ep in entry_points(group="vllm.general_plugins"))
 
 
-_OUR_PARSERS = ("qwen_fenced",)  # registered by clawproxy/engine/tool_parsers.py
+_OUR_PARSERS = ("qwen_fenced",)  # registered by clawproxy/engine/vllm/tool_parsers.py
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
 
 
@@ -127,11 +127,11 @@ def exec_server(engine: EngineConfig, trainer: TrainerConfig, data_dir: str) -> 
     require_vllm()
     if engine.device == "cpu" and trainer.finetune == "lora" and not lora_plugin_installed():
         raise ConfigError("vLLM would serve LoRA adapters on this CPU with its own ops, which give a request "
-                          "without an adapter the delta of another's (clawproxy/engine/vllm_lora_cpu.py); "
+                          "without an adapter the delta of another's (clawproxy/engine/vllm/lora_cpu.py); "
                           "clawproxy's vLLM plugin is not installed: run `make install` (pip install -e .).")
     model_dir = resolve_model(engine.model, data_dir)
     if engine.quantization != "none":
-        from clawproxy.engine.quantize import quantized_model
+        from clawproxy.engine.vllm.quantize import quantized_model
 
         model_dir = quantized_model(Path(model_dir), data_dir, engine.quantization)
     argv, env = server_command(engine, trainer, str(model_dir))

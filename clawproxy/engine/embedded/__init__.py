@@ -1,0 +1,1 @@
+"""The embedded engine: transformers in this process, behind clawproxy's engine server (the fallback)."""

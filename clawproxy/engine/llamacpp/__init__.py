@@ -1,0 +1,1 @@
+"""llama.cpp: llama-server built from a pinned source, behind clawproxy's engine server."""

@@ -1,0 +1,1 @@
+"""vLLM: its OpenAI server started with our flags (``launch.py``), and the plugins it loads from here."""
