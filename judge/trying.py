@@ -66,6 +66,11 @@ _ASK_YOU = re.compile(r"^(?:can|could|would|will)\s+(?:you|u)\s+(?:please\s+)?(?
 _ASK_ME = re.compile(r"^(?:can|could|may)\s+i\s+(?:please\s+)?(?:get|have|see)\s+(?P<rest>.+)$", re.IGNORECASE)
 _WANT = re.compile(r"^(?:i'?d|i\s+would)\s+(?:really\s+)?(?:like|prefer|love)\s+(?P<rest>.+)$"
                    r"|^i\s+(?:just\s+|really\s+)?(?:want|need|prefer)\s+(?P<rest2>.+)$", re.IGNORECASE)
+# a new sentence that asks a question, with no stop before it ("shorter please What is a lease?")
+_NEW_QUESTION = re.compile(r"(?<=[a-z,])\s+(?=(?:How|What|Why|Where|When|Who|Which|Whose|Is|Are|Do|Does|Did|Can|Could|"
+                           r"Should|Would|Will|Was|Were|Has|Have)\b)")
+_QUESTION_WORD = re.compile(r"^(?:how|what|why|where|when|who|which|whose|is|are|do|does|did|was|were|has|have)\b",
+                            re.IGNORECASE)
 _LEAD = re.compile(r"^(?:ok(?:ay)?|hey|hm+|um+|ugh|so|well|sorry|oh|and|but)\b[\s,.!]*", re.IGNORECASE)
 _THAT = re.compile(r"\b(?:that|it|this)\b", re.IGNORECASE)
 # verbs whose "it"/"that" is the answer the user replied to
@@ -109,12 +114,14 @@ def said_instruction(text: str, max_words: int) -> str | None:
     text = " ".join(text.split()).strip()
     if not text or len(text.split()) > max_words or _NOT_STYLE.search(text) or not asks(text):
         return None
-    clauses = [c for c in _CLAUSES.split(text) if c.strip()]
+    clauses = [c for part in _NEW_QUESTION.split(text) for c in _CLAUSES.split(part) if c.strip()]
     first = next((i for i, c in enumerate(clauses) if _as_instruction(c)), None)
     if first is None:
         return None
-    # the asking clause and what follows it ("split it up? one step per line")
-    rest = [c for c in clauses[first:] if _LEAD.sub("", c).strip()]  # "ok", "so": no part of the request
+    # the asking clause and what follows it ("split it up? one step per line"), less the filler
+    # ("ok", "so") and a question that is the user's next task, not how to answer
+    rest = [c for c in clauses[first:] if _LEAD.sub("", c).strip()
+            and (_as_instruction(c) or not _QUESTION_WORD.match(c.strip()))]
     parts = [_as_instruction(c) or c.strip()[0].upper() + c.strip()[1:].rstrip(" ?!.") + "." for c in rest]
     return " ".join(parts)
 

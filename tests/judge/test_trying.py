@@ -207,6 +207,10 @@ def test_the_banks_places_are_near_the_complaints_and_unlike_each_other():
     ("split it up? one step per line. ok", "Split the answer up. One step per line."),
     ("sorry, I'm in a hurry. shorter?", "Shorter."),
     ("Could you please add a summary at the end?", "Add a summary at the end."),
+    # the next question in the same message is a task, not part of the instruction
+    ("shorter please What is a lease?", "Shorter."),
+    ("can you use a table? which plan costs less", "Use a table."),
+    ("use a table, how does that compare", "Use a table."),
 ])
 def test_a_request_in_its_common_forms_becomes_an_instruction(reply, instruction):
     assert said_instruction(reply, 12) == instruction
