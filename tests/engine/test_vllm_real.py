@@ -162,8 +162,9 @@ def test_served_logprobs_equal_a_forward_pass(server, which):
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_trainer_step_publishes_into_real_vllm(server, tmp_path, finetune):
     """Judged turns made of vLLM's own answers, one step, publish: the trainer's log-probs of those
-    tokens are vLLM's (on-policy ratio ~1), no request fails while it trains and swaps weights, and a
-    vLLM that lost the new weights (as a restart does) gets them back at the trainer's next collect."""
+    tokens are vLLM's (on-policy ratio ~1), no request fails while it trains and swaps weights; a
+    vLLM that lost full weights (as a restart does) gets them back at the trainer's next collect, a lost
+    adapter is reported for the proxy to load back."""
     from clawproxy.config import load_config
     from clawproxy.store import Store
     from tests.trainer.util import insert_turn
@@ -208,8 +209,9 @@ def test_trainer_step_publishes_into_real_vllm(server, tmp_path, finetune):
         assert engine.served_adapters()["clawproxy"] == str(v1)
         assert chat(target, ask(target, "clawproxy"))[0] == 200
         engine.unload_adapter("clawproxy")  # what a vLLM restart forgets
-        trainer.collect()
-        assert engine.served_adapters()["clawproxy"] == str(v1)
+        trainer.collect()  # the trainer reports the lost adapter; the proxy loads it back (test_proxy_routing)
+        assert "clawproxy" not in engine.served_adapters()
+        assert [e["data"] for e in store.events_of("lost")] == [{"adapter": "clawproxy", "path": str(v1), "version": 1}]
     else:
         assert engine.weight_version() == 1
         assert chat(target, ask(target))[0] == 200
