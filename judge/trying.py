@@ -260,7 +260,8 @@ class Trier:
                     log.info("user %s: preference demoted, its answers are no real answers: %s", user, row["text"])
                     continue
                 served = self.store.served_under(row["id"], self.cfg.demote_window * 2, since=row["activated_at"])
-                scores = [r["score"] for r in served if r["score"] != 0][: self.cfg.demote_window]
+                # an abstention counts by its lean: a request for a change is scored 0 leaning bad
+                scores = [s for r in served if (s := r["score"] or r["majority"] or 0)][: self.cfg.demote_window]
                 if sum(s == -1 for s in scores) < self.cfg.demote_bad:
                     continue
                 if row["absorbed"]:

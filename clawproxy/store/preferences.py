@@ -135,9 +135,9 @@ class Preferences(Core):
 
     def served_under(self, pref_id: int, limit: int = 8, since: float | None = None) -> list[dict[str, Any]]:
         """The newest judged replies served with this preference (tried or applied; with ``since``,
-        only replies served after that time), newest first: turn_id, role, score, created_at."""
+        only replies served after that time), newest first: turn_id, role, score, majority, created_at."""
         return self.query(
-            "SELECT t.id AS turn_id, t.instruction_role AS role, j.score, t.created_at FROM turns t "
+            "SELECT t.id AS turn_id, t.instruction_role AS role, j.score, j.majority, t.created_at FROM turns t "
             "JOIN judgments j ON j.turn_id = t.id WHERE t.response_tool_calls IS NULL AND t.created_at >= ? AND "
             "(t.instruction_id = ? OR EXISTS (SELECT 1 FROM json_each(t.applied_ids) WHERE value = ?)) "
             "ORDER BY t.id DESC LIMIT ?", (since or 0.0, pref_id, pref_id, limit))

@@ -128,6 +128,25 @@ def test_an_active_preference_whose_replies_turn_bad_is_demoted_and_an_absorbed_
     assert store.serving_preferences() == [] or all(r["id"] != pid for r in store.serving_preferences())
 
 
+def test_an_active_preference_the_user_keeps_asking_to_change_is_demoted(store):
+    """Replies that ask for a change are scored 0 leaning bad (never samples); under an active
+    preference they are still the user saying it is wrong, and demote it."""
+    from judge.voters import Vote
+
+    class Pleased(LexicalVoter):  # the voter misreads the requests as happy; the worker knows better
+        def vote(self, inp, idx):
+            return Vote(1)
+
+    pid = store.add_preference(None, "Write in long paragraphs.", "bank", status="active")
+    for _ in range(3):
+        _served(store, add_turn(store, "s", request="q", response=ESSAY, next_user="could you redo that as a table"),
+                applied=[pid])
+    trier = Trier(store, TryingConfig(demote_window=4, demote_bad=3))
+    Worker(store, Pleased(), votes=3, trier=trier).run(False, 0.01, threading.Event())
+    assert [r["score"] for r in store.served_under(pid)] == [0, 0, 0]
+    assert store.preference(pid)["status"] == "demoted"
+
+
 def test_the_shortlist_keeps_candidates_with_evidence_and_replaces_those_that_failed(store):
     cfg = TryingConfig(shortlist=3)
     trier = Trier(store, cfg)
